@@ -1,0 +1,36 @@
+# Copyright (c) mmnanguard contributors. All rights reserved.
+"""The one place where the known breakages of the pinned stack are mended.
+
+Each mend names the upstream versions that need it, checks whether it is
+needed on the running stack, and does nothing otherwise. They are applied by
+``import mmnanguard``, before anything imports mmrotate's models.
+
+=====================================  =====================================
+mend                                   needed by
+=====================================  =====================================
+:mod:`.collections_sequence`           mmrotate 1.0.0rc1 on Python >= 3.10
+:mod:`.checkpoint_allowlist`           mmengine <= 0.10.7 on torch >= 2.6
+:mod:`.cpu_distributed` (on demand)    mmengine <= 0.10.7, CPU-only torch
+=====================================  =====================================
+"""
+from typing import Dict
+
+from . import checkpoint_allowlist, collections_sequence
+
+#: name of each mend -> whether :func:`apply_all` applied it in this process.
+APPLIED: Dict[str, bool] = {}
+
+
+def apply_all() -> Dict[str, bool]:
+    """Apply every import-time mend that the running stack needs.
+
+    Returns:
+        dict: For each mend, whether it was applied (``False`` where the
+        running versions do not need it).
+    """
+    APPLIED['collections_sequence'] = collections_sequence.apply()
+    APPLIED['checkpoint_allowlist'] = checkpoint_allowlist.apply()
+    return dict(APPLIED)
+
+
+__all__ = ['apply_all', 'APPLIED']

@@ -1,0 +1,453 @@
+# Copyright (c) mmnanguard contributors. All rights reserved.
+"""Annotation checks shared by ``ValidateAnnotations``, the guard's
+diagnosis and ``tools/check_dataset.py``.
+
+Every check takes plain arrays (or mmdet ``BaseBoxes``) and returns a list of
+:class:`Violation`, one per failing instance and check (or one per sample for
+image and segmentation-map checks). The checks are vectorised: a sample
+without problems allocates no :class:`Violation`.
+
+Check names (``Violation.check``):
+
+====================  ==================================================
+``image_finite``      every pixel of a floating image is finite
+``hbox_finite``       horizontal box ``(x1, y1, x2, y2)`` is finite
+``hbox_size``         ``x2 - x1 > min_size`` and ``y2 - y1 > min_size``
+``rbox_finite``       rotated box ``(cx, cy, w, h, t)`` is finite
+``rbox_size``         ``w > min_size`` and ``h > min_size``
+``rbox_angle``        ``t`` strictly inside the angle version's range
+``qbox_finite``       quadrilateral ``(x1, y1, ..., x4, y4)`` is finite
+``qbox_area``         shoelace area ``> min_size ** 2``
+``negative_coord``    no box corner has a coordinate below 0
+``label_range``       ``0 <= label < num_classes``
+``seg_values``        every pixel in ``[0, num_classes)`` or
+                      ``ignore_index``
+====================  ==================================================
+"""
+
+import math
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+#: Angle range ``[low, high)`` of each mmrotate angle version, in radians,
+#: as ``RotatedBoxes.regularize_boxes`` and ``norm_angle`` define them.
+ANGLE_RANGES: Dict[str, Tuple[float, float]] = {
+    'oc': (-math.pi / 2, 0.0),
+    'le90': (-math.pi / 2, math.pi / 2),
+    'le135': (-math.pi / 4, 3 * math.pi / 4),
+}
+
+
+@dataclass(frozen=True)
+class Violation:
+    """One failed check.
+
+    Args:
+        check (str): Name of the failed check, e.g. ``'rbox_size'``.
+        index (int, optional): Instance index in the sample, ``None`` for
+            checks on the whole image or segmentation map.
+        values (tuple): The offending values (a box, a label, the stray
+            segmentation values).
+        detail (str): Why the values fail, e.g. ``'w=0 <= min_size=1'``.
+    """
+
+    check: str
+    index: Optional[int]
+    values: Tuple[Any, ...]
+    detail: str
+
+    def describe(self) -> str:
+        """One line naming the check, the instance and the bad values."""
+        where = 'sample' if self.index is None else f'instance {self.index}'
+        values = ', '.join(_fmt(v) for v in self.values)
+        return f'{self.check} failed for {where}: ({values}); {self.detail}'
+
+    def to_dict(self) -> Dict[str, Any]:
+        """JSON-ready form (non-finite floats become strings)."""
+        return dict(
+            check=self.check,
+            index=self.index,
+            values=[_jsonable(v) for v in self.values],
+            detail=self.detail,
+        )
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return f'{value:.6g}'
+    return str(value)
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    return value
+
+
+def as_array(boxes: Any, dim: Optional[int] = None) -> np.ndarray:
+    """Boxes as a float64 array of shape ``(N, D)``.
+
+    Args:
+        boxes: ``BaseBoxes`` (mmdet/mmrotate), a tensor, an array or a
+            sequence of boxes.
+        dim (int, optional): Expected box dimension (4, 5 or 8).
+
+    Returns:
+        np.ndarray: float64, shape ``(N, D)``.
+
+    Raises:
+        ValueError: If the last dimension is not ``dim``.
+    """
+    data = getattr(boxes, 'tensor', boxes)
+    if hasattr(data, 'detach'):
+        data = data.detach().cpu().numpy()
+    arr = np.asarray(data, dtype=np.float64)
+    if arr.size == 0:
+        return arr.reshape(0, dim or (arr.shape[-1] if arr.ndim else 0))
+    if arr.ndim != 2 or (dim is not None and arr.shape[1] != dim):
+        raise ValueError(
+            f'expected boxes of shape (N, {dim}), got an array '
+            f'of shape {arr.shape}'
+        )
+    return arr
+
+
+def _row_violations(
+    check: str, bad: np.ndarray, boxes: np.ndarray, details: Sequence[str]
+) -> List[Violation]:
+    return [
+        Violation(check, int(i), tuple(float(v) for v in boxes[i]), d)
+        for i, d in zip(np.flatnonzero(bad), details)
+    ]
+
+
+def check_image(img: np.ndarray) -> List[Violation]:
+    """``image_finite``: a floating image holds no NaN or infinity.
+
+    Integer images are finite by construction and cost nothing.
+
+    Args:
+        img (np.ndarray): The image, any shape.
+
+    Returns:
+        list[Violation]: Empty, or one sample-level violation whose values
+        are the counts of NaN, +inf and -inf pixels.
+    """
+    img = np.asarray(img)
+    if not np.issubdtype(img.dtype, np.floating) or np.isfinite(img).all():
+        return []
+    counts = (
+        int(np.isnan(img).sum()),
+        int(np.isposinf(img).sum()),
+        int(np.isneginf(img).sum()),
+    )
+    return [
+        Violation(
+            'image_finite',
+            None,
+            counts,
+            f'image of shape {img.shape} has {counts[0]} NaN, '
+            f'{counts[1]} +inf and {counts[2]} -inf values',
+        )
+    ]
+
+
+def _finite_rows(check: str, boxes: np.ndarray) -> Tuple[np.ndarray, list]:
+    finite = np.isfinite(boxes).all(axis=1)
+    bad = ~finite
+    details = ['non-finite coordinate'] * int(bad.sum())
+    return finite, _row_violations(check, bad, boxes, details)
+
+
+def check_hboxes(boxes: Any, min_size: float) -> List[Violation]:
+    """``hbox_finite`` and ``hbox_size`` for ``(x1, y1, x2, y2)`` boxes.
+
+    Args:
+        boxes: Horizontal boxes, shape ``(N, 4)``.
+        min_size (float): Width and height must be strictly above it.
+
+    Returns:
+        list[Violation]: One per failing instance and check.
+    """
+    boxes = as_array(boxes, 4)
+    finite, out = _finite_rows('hbox_finite', boxes)
+    w = boxes[:, 2] - boxes[:, 0]
+    h = boxes[:, 3] - boxes[:, 1]
+    bad = finite & ~((w > min_size) & (h > min_size))
+    details = [
+        f'w={w[i]:.6g}, h={h[i]:.6g}, need both > min_size={min_size}'
+        for i in np.flatnonzero(bad)
+    ]
+    return out + _row_violations('hbox_size', bad, boxes, details)
+
+
+def angle_violations(
+    angles: np.ndarray, angle_version: str, angle_tol: float
+) -> np.ndarray:
+    """Which angles are not strictly inside the version's range.
+
+    An angle on the boundary (within ``angle_tol``) fails: ``-pi/2`` and
+    ``pi/2`` are the same orientation in ``le90``, and a box exactly there
+    is regressed towards either end.
+
+    Args:
+        angles (np.ndarray): Angles in radians, shape ``(N,)``.
+        angle_version (str): ``'oc'``, ``'le90'`` or ``'le135'``.
+        angle_tol (float): Boundary tolerance in radians.
+
+    Returns:
+        np.ndarray: Boolean mask of failing angles.
+
+    Raises:
+        ValueError: For an unknown ``angle_version``.
+    """
+    if angle_version not in ANGLE_RANGES:
+        raise ValueError(
+            f'angle_version must be one of '
+            f'{sorted(ANGLE_RANGES)}, got {angle_version!r}'
+        )
+    low, high = ANGLE_RANGES[angle_version]
+    return ~((angles > low + angle_tol) & (angles < high - angle_tol))
+
+
+def check_rboxes(
+    boxes: Any,
+    min_size: float,
+    angle_version: Optional[str] = None,
+    angle_tol: float = 1e-6,
+) -> List[Violation]:
+    """``rbox_finite``, ``rbox_size`` and ``rbox_angle`` for
+    ``(cx, cy, w, h, t)`` boxes.
+
+    Args:
+        boxes: Rotated boxes, shape ``(N, 5)``, angle in radians.
+        min_size (float): ``w`` and ``h`` must be strictly above it.
+        angle_version (str, optional): Check the angle against this
+            version's range (see :func:`angle_violations`). ``None`` skips
+            the angle check.
+        angle_tol (float): Boundary tolerance in radians. Defaults to 1e-6.
+
+    Returns:
+        list[Violation]: One per failing instance and check.
+    """
+    boxes = as_array(boxes, 5)
+    finite, out = _finite_rows('rbox_finite', boxes)
+    w, h, t = boxes[:, 2], boxes[:, 3], boxes[:, 4]
+    bad = finite & ~((w > min_size) & (h > min_size))
+    details = [
+        f'w={w[i]:.6g}, h={h[i]:.6g}, need both > min_size={min_size}'
+        for i in np.flatnonzero(bad)
+    ]
+    out += _row_violations('rbox_size', bad, boxes, details)
+    if angle_version is not None:
+        low, high = ANGLE_RANGES.get(angle_version, (None, None))
+        bad = finite & angle_violations(t, angle_version, angle_tol)
+        details = [
+            f't={t[i]:.9g} rad is not strictly inside the {angle_version} '
+            f'range ({low:.9g}, {high:.9g}) (tolerance {angle_tol})'
+            for i in np.flatnonzero(bad)
+        ]
+        out += _row_violations('rbox_angle', bad, boxes, details)
+    return out
+
+
+def quad_areas(boxes: np.ndarray) -> np.ndarray:
+    """Shoelace areas of ``(N, 8)`` quadrilaterals, float64."""
+    x, y = boxes[:, 0::2], boxes[:, 1::2]
+    cross = x * np.roll(y, -1, axis=1) - np.roll(x, -1, axis=1) * y
+    return 0.5 * np.abs(cross.sum(axis=1))
+
+
+def check_qboxes(boxes: Any, min_size: float) -> List[Violation]:
+    """``qbox_finite`` and ``qbox_area`` for ``(x1, y1, ..., x4, y4)``.
+
+    Args:
+        boxes: Quadrilaterals, shape ``(N, 8)``.
+        min_size (float): The area must be strictly above ``min_size ** 2``.
+
+    Returns:
+        list[Violation]: One per failing instance and check.
+    """
+    boxes = as_array(boxes, 8)
+    finite, out = _finite_rows('qbox_finite', boxes)
+    areas = np.zeros(len(boxes))
+    areas[finite] = quad_areas(boxes[finite])
+    bad = finite & ~(areas > min_size**2)
+    details = [
+        f'area={areas[i]:.6g}, need > min_size**2={min_size**2:.6g}'
+        for i in np.flatnonzero(bad)
+    ]
+    return out + _row_violations('qbox_area', bad, boxes, details)
+
+
+def box_corners(boxes: np.ndarray) -> np.ndarray:
+    """Corners ``(N, 4, 2)`` of hbox, rbox or qbox arrays (by width)."""
+    if boxes.shape[1] == 4:
+        x1, y1, x2, y2 = boxes.T
+        return np.stack([x1, y1, x2, y1, x2, y2, x1, y2], 1).reshape(-1, 4, 2)
+    if boxes.shape[1] == 5:
+        ctr, w, h, t = boxes[:, :2], boxes[:, 2], boxes[:, 3], boxes[:, 4]
+        vec1 = np.stack([w / 2 * np.cos(t), w / 2 * np.sin(t)], 1)
+        vec2 = np.stack([-h / 2 * np.sin(t), h / 2 * np.cos(t)], 1)
+        return np.stack(
+            [
+                ctr + vec1 + vec2,
+                ctr + vec1 - vec2,
+                ctr - vec1 - vec2,
+                ctr - vec1 + vec2,
+            ],
+            1,
+        )
+    if boxes.shape[1] == 8:
+        return boxes.reshape(-1, 4, 2)
+    raise ValueError(
+        f'boxes must have 4, 5 or 8 columns, got ' f'{boxes.shape[1]}'
+    )
+
+
+def check_negative_coords(
+    boxes: Any, tolerance: float = 0.0
+) -> List[Violation]:
+    """``negative_coord``: no corner of a finite box lies left of or above
+    the image (coordinate below ``-tolerance``).
+
+    Args:
+        boxes: Boxes of width 4 (hbox), 5 (rbox) or 8 (qbox).
+        tolerance (float): Allowed overshoot in pixels. Defaults to 0.
+
+    Returns:
+        list[Violation]: One per failing instance.
+    """
+    boxes = as_array(boxes)
+    if len(boxes) == 0:
+        return []
+    finite = np.isfinite(boxes).all(axis=1)
+    corners = box_corners(np.where(finite[:, None], boxes, 0.0))
+    lowest = corners.min(axis=1)
+    bad = finite & (lowest < -tolerance).any(axis=1)
+    details = [
+        f'lowest corner x={lowest[i, 0]:.6g}, y={lowest[i, 1]:.6g}, '
+        f'below {0.0 - tolerance:g}'
+        for i in np.flatnonzero(bad)
+    ]
+    return _row_violations('negative_coord', bad, boxes, details)
+
+
+def check_boxes(
+    boxes: Any,
+    min_size: float,
+    angle_version: Optional[str] = None,
+    angle_tol: float = 1e-6,
+    negative_coords: bool = False,
+) -> List[Violation]:
+    """Run the box checks that match the box width (4, 5 or 8).
+
+    Args:
+        boxes: ``HorizontalBoxes``/``RotatedBoxes``/``QuadriBoxes``, or an
+            array of shape ``(N, 4|5|8)``.
+        min_size (float): See :func:`check_hboxes`, :func:`check_rboxes`,
+            :func:`check_qboxes`.
+        angle_version (str, optional): For rotated boxes.
+        angle_tol (float): For rotated boxes.
+        negative_coords (bool): Also run :func:`check_negative_coords`.
+
+    Returns:
+        list[Violation]: The violations, in check order.
+
+    Raises:
+        ValueError: For another box width.
+    """
+    arr = as_array(boxes)
+    width = arr.shape[1] if arr.ndim == 2 else 0
+    if width == 4:
+        out = check_hboxes(arr, min_size)
+    elif width == 5:
+        out = check_rboxes(arr, min_size, angle_version, angle_tol)
+    elif width == 8:
+        out = check_qboxes(arr, min_size)
+    elif arr.size == 0:
+        return []
+    else:
+        raise ValueError(
+            f'boxes must have 4, 5 or 8 columns, got an array '
+            f'of shape {arr.shape}'
+        )
+    if negative_coords:
+        out += check_negative_coords(arr)
+    return out
+
+
+def check_labels(labels: Any, num_classes: int) -> List[Violation]:
+    """``label_range``: every label in ``[0, num_classes)``.
+
+    Args:
+        labels: Integer labels, shape ``(N,)``.
+        num_classes (int): Number of classes of the model.
+
+    Returns:
+        list[Violation]: One per failing instance.
+    """
+    if hasattr(labels, 'detach'):
+        labels = labels.detach().cpu().numpy()
+    labels = np.asarray(labels).reshape(-1)
+    bad = (labels < 0) | (labels >= num_classes)
+    return [
+        Violation(
+            'label_range',
+            int(i),
+            (int(labels[i]),),
+            f'label {int(labels[i])} not in [0, {num_classes})',
+        )
+        for i in np.flatnonzero(bad)
+    ]
+
+
+def stray_seg_values(
+    seg_map: np.ndarray, num_classes: int, ignore_index: int
+) -> np.ndarray:
+    """Mask of pixels outside ``[0, num_classes) U {ignore_index}``."""
+    return ((seg_map < 0) | (seg_map >= num_classes)) & (
+        seg_map != ignore_index
+    )
+
+
+def check_seg_map(
+    seg_map: Any, num_classes: int, ignore_index: int = 255
+) -> List[Violation]:
+    """``seg_values``: a segmentation map holds class ids or
+    ``ignore_index`` only.
+
+    Args:
+        seg_map: Integer map, any shape.
+        num_classes (int): Number of classes.
+        ignore_index (int): The ignored value. Defaults to 255.
+
+    Returns:
+        list[Violation]: Empty, or one sample-level violation whose values
+        are the stray values (sorted), with their pixel counts in
+        ``detail``.
+    """
+    seg = np.asarray(seg_map)
+    if seg.dtype == np.uint8:
+        counts = np.bincount(seg.reshape(-1), minlength=256)
+        values = np.arange(256)
+        keep = counts > 0
+        values, counts = values[keep], counts[keep]
+    else:
+        values, counts = np.unique(seg, return_counts=True)
+    bad = stray_seg_values(values, num_classes, ignore_index)
+    if not bad.any():
+        return []
+    stray = tuple(int(v) for v in values[bad])
+    pixels = ', '.join(f'{v}: {int(c)} px' for v, c in zip(stray, counts[bad]))
+    return [
+        Violation(
+            'seg_values',
+            None,
+            stray,
+            f'values outside [0, {num_classes}) and ignore_index='
+            f'{ignore_index} ({pixels})',
+        )
+    ]

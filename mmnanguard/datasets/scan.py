@@ -1,0 +1,384 @@
+# Copyright (c) mmnanguard contributors. All rights reserved.
+"""Scan a dataset through its config's own dataset and pipeline.
+
+Used by ``tools/check_dataset.py``. Loading-only mode runs the leading
+loading transforms of the pipeline (``Load*``, ``ConvertBoxType``,
+``ConvertMask2BoxType``) and checks the sample after each of them, so that
+quadrilaterals are checked before and rotated boxes after the conversion.
+With ``augment_repeats=R`` it also runs the whole pipeline up to the
+``Pack*`` transform ``R`` times per sample (seeded) and checks the result.
+``ValidateAnnotations`` transforms in the pipeline are skipped: the scan
+reports what they would filter.
+
+For mmrotate's ``DOTADataset`` the data list is read line by line
+(:mod:`.dota_annfile`), so problems carry the annfile line, and lines that
+make ``DOTADataset`` raise are reported instead of aborting the scan.
+"""
+
+import copy
+import random
+import time
+from collections import Counter
+from typing import Any, Dict, List, Optional, Tuple
+
+import numpy as np
+import torch
+from mmengine.config import Config
+from mmengine.registry import DATASETS, init_default_scope
+from mmengine.utils import ProgressBar
+
+from .dota_annfile import ANN_FILE_KEY, ANN_LINES_KEY, load_dota_data_list
+from .transforms.validate_annotations import check_results
+
+#: Class names of the transforms that make up the loading stage.
+LOADING_TRANSFORMS = ('ConvertBoxType', 'ConvertMask2BoxType')
+
+
+def is_loading_transform(transform: Any) -> bool:
+    """Whether ``transform`` belongs to the loading stage."""
+    name = type(transform).__name__
+    return name.startswith('Load') or name in LOADING_TRANSFORMS
+
+
+def split_pipeline(transforms: List[Any]) -> Tuple[List[Any], List[Any]]:
+    """Split a built pipeline into loading and augmentation transforms.
+
+    Args:
+        transforms (list): ``dataset.pipeline.transforms``.
+
+    Returns:
+        tuple: ``(loading, augment)``: the leading loading transforms, and
+        the rest without ``Pack*`` and ``ValidateAnnotations``.
+    """
+    loading = []
+    for transform in transforms:
+        if not is_loading_transform(transform):
+            break
+        loading.append(transform)
+    augment = [
+        t
+        for t in transforms[len(loading) :]
+        if not type(t).__name__.startswith('Pack')
+        and type(t).__name__ != 'ValidateAnnotations'
+    ]
+    return loading, augment
+
+
+def build_scan_dataset(
+    cfg: Config, split: str
+) -> Tuple[Any, List[Dict[str, Any]], str]:
+    """Build the split's dataset, tolerant of DOTA lines it cannot load.
+
+    Args:
+        cfg (Config): The training config.
+        split (str): ``'train'``, ``'val'`` or ``'test'``.
+
+    Returns:
+        tuple: ``(dataset, problems, upstream_error)``: the fully initialised
+        dataset, the annfile problems and, for DOTA, the error upstream's
+        loader raises on this folder (empty when it loads).
+
+    Raises:
+        ValueError: If the config has no dataloader for ``split``.
+    """
+    loader = cfg.get(f'{split}_dataloader')
+    if not loader or not loader.get('dataset'):
+        raise ValueError(
+            f'the config has no {split}_dataloader.dataset '
+            f'(it is {loader!r}); choose another --split'
+        )
+    init_default_scope(cfg.get('default_scope', 'mmengine'))
+    ds_cfg = copy.deepcopy(loader['dataset'])
+    ds_cfg['lazy_init'] = True
+    dataset = DATASETS.build(ds_cfg)
+    problems: List[Dict[str, Any]] = []
+    upstream_error = ''
+    if _is_dota(dataset):
+        data_list, problems = load_dota_data_list(dataset)
+        try:
+            upstream = type(dataset).load_data_list(dataset)
+        except (KeyError, IndexError, ValueError) as err:
+            upstream_error = f'{type(err).__name__}: {err}'
+        else:
+            _same_as_upstream(data_list, upstream)
+        dataset.load_data_list = lambda: data_list
+    dataset.full_init()
+    return dataset, problems, upstream_error
+
+
+def _is_dota(dataset: Any) -> bool:
+    if not type(dataset).__module__.startswith('mmrotate'):
+        return False
+    from mmrotate.datasets import DOTADataset
+
+    return isinstance(dataset, DOTADataset)
+
+
+def _same_as_upstream(ours: List[dict], upstream: List[dict]) -> None:
+    """Raise if the line-by-line reader disagrees with ``DOTADataset``."""
+
+    def key(info):
+        return info['img_path'], [
+            (
+                np.asarray(i['bbox']).tobytes(),
+                i['bbox_label'],
+                i['ignore_flag'],
+            )
+            for i in info['instances']
+        ]
+
+    if sorted(map(key, ours)) != sorted(map(key, upstream)):
+        raise RuntimeError(
+            'mmnanguard.datasets.dota_annfile read this '
+            'folder differently from DOTADataset; please '
+            'report this bug'
+        )
+
+
+def _locate(
+    results: Dict[str, Any], violation: Any, loading: bool
+) -> Tuple[str, Optional[int]]:
+    """File and annfile line of a violation."""
+    if violation.check == 'seg_values':
+        return results.get('seg_map_path', ''), None
+    if violation.index is None:
+        return results.get('img_path', ''), None
+    ann_file = results.get(ANN_FILE_KEY)
+    if ann_file is not None:
+        line = results[ANN_LINES_KEY][violation.index] if loading else None
+        return ann_file, line
+    return results.get('img_path', ''), None
+
+
+def _seed(value: int) -> None:
+    random.seed(value)
+    np.random.seed(value % 2**32)
+    torch.manual_seed(value)
+
+
+class DatasetScan:
+    """Scan a config's dataset; see the module docstring.
+
+    Args:
+        cfg (Config): The training config.
+        split (str): ``'train'``, ``'val'`` or ``'test'``.
+        augment_repeats (int): Full-pipeline runs per sample. 0 (default)
+            only loads.
+        min_size (float): ``ValidateAnnotations.min_size``.
+        seed (int): Seed of the augmentation runs.
+    """
+
+    def __init__(
+        self,
+        cfg: Config,
+        split: str = 'train',
+        augment_repeats: int = 0,
+        min_size: float = 1.0,
+        seed: int = 0,
+    ) -> None:
+        if augment_repeats < 0:
+            raise ValueError(
+                f'augment_repeats must be >= 0, got ' f'{augment_repeats}'
+            )
+        self.cfg = cfg
+        self.split = split
+        self.augment_repeats = augment_repeats
+        self.seed = seed
+        self.dataset, self.problems, self.upstream_error = build_scan_dataset(
+            cfg, split
+        )
+        self.loading, self.augment = split_pipeline(
+            self.dataset.pipeline.transforms
+        )
+        self.check_args = dict(
+            num_classes=len(self.dataset.metainfo['classes']),
+            min_size=min_size,
+            angle_version=cfg.get('angle_version'),
+            ignore_index=getattr(self.dataset, 'ignore_index', 255),
+        )
+        self.num_instances = 0
+        self.num_skipped = 0
+
+    def _record(
+        self, results: Dict[str, Any], stage: str, loading: bool, seen: set
+    ) -> None:
+        violations = check_results(
+            results, negative_coords=loading, **self.check_args
+        )
+        for v in violations:
+            file, line = _locate(results, v, loading)
+            # loading stages: one entry per (line, check) over all stages
+            key = (file, line, v.index, v.check, '' if loading else stage)
+            if key in seen:
+                continue
+            seen.add(key)
+            self.problems.append(
+                dict(
+                    kind=v.check,
+                    file=file,
+                    line=line,
+                    instance=v.index,
+                    stage=stage,
+                    **{
+                        k: val
+                        for k, val in v.to_dict().items()
+                        if k in ('values', 'detail')
+                    },
+                )
+            )
+
+    def _error(
+        self, results: Dict[str, Any], stage: str, err: Exception
+    ) -> None:
+        file = results.get(ANN_FILE_KEY) or results.get('img_path', '')
+        self.problems.append(
+            dict(
+                kind='pipeline_error',
+                file=file,
+                line=None,
+                instance=None,
+                stage=stage,
+                values=[],
+                detail=f'{type(err).__name__}: ' f'{err}',
+            )
+        )
+
+    def scan_sample(self, idx: int) -> None:
+        """Check sample ``idx`` (loading stage, then the repeats)."""
+        data_info = self.dataset.get_data_info(idx)
+        self.num_instances += len(data_info.get('instances', []))
+        results, seen = data_info, set()
+        for transform in self.loading:
+            stage = type(transform).__name__
+            try:
+                results = transform(results)
+            except Exception as err:  # reported as a problem, not masked
+                self._error(results, stage, err)
+                return
+            self._record(results, stage, True, seen)
+        for r in range(self.augment_repeats):
+            _seed(self.seed + r * len(self.dataset) + idx)
+            out = copy.deepcopy(results)
+            stage = f'augment[{r}]'
+            for transform in self.augment:
+                try:
+                    out = transform(out)
+                except Exception as err:  # reported as a problem
+                    self._error(
+                        results, f'{stage} {type(transform).__name__}', err
+                    )
+                    out = None
+                    break
+                if out is None:
+                    self.num_skipped += 1
+                    break
+            if out is not None:
+                self._record(out, stage, False, seen)
+
+    def run(self, progress: bool = True) -> Dict[str, Any]:
+        """Scan every sample.
+
+        Args:
+            progress (bool): Show a progress bar on stderr.
+
+        Returns:
+            dict: The report (see :func:`format_report`).
+        """
+        import sys
+
+        num = len(self.dataset)
+        bar = ProgressBar(num, file=sys.stderr) if progress else None
+        start = time.perf_counter()
+        for idx in range(num):
+            self.scan_sample(idx)
+            if bar is not None:
+                bar.update()
+        seconds = time.perf_counter() - start
+        if bar is not None:
+            sys.stderr.write('\n')
+        self.problems.sort(
+            key=lambda p: (
+                p['file'],
+                p['line'] or 0,
+                p['instance'] if p['instance'] is not None else -1,
+                p['kind'],
+            )
+        )
+        return dict(
+            split=self.split,
+            dataset=type(self.dataset).__name__,
+            augment_repeats=self.augment_repeats,
+            loading_transforms=[type(t).__name__ for t in self.loading],
+            num_samples=num,
+            num_instances=self.num_instances,
+            num_skipped_by_pipeline=self.num_skipped,
+            seconds=seconds,
+            images_per_second=num / seconds if seconds > 0 else None,
+            upstream_load_error=self.upstream_error,
+            counts=dict(Counter(p['kind'] for p in self.problems)),
+            problems=self.problems,
+        )
+
+
+def format_report(report: Dict[str, Any], max_rows: int = 100) -> str:
+    """Tables of a scan report: problems by kind, then one row each.
+
+    Args:
+        report (dict): From :meth:`DatasetScan.run`.
+        max_rows (int): Most problem rows printed. Defaults to 100.
+
+    Returns:
+        str: The text.
+    """
+    problems = report['problems']
+    head = (
+        f"{report['dataset']} ({report['split']}): "
+        f"{report['num_samples']} samples, {report['num_instances']} "
+        f"instances, {len(problems)} problem(s) in "
+        f"{report['seconds']:.2f} s"
+    )
+    lines = [head]
+    if report['upstream_load_error']:
+        lines.append(
+            f"{report['dataset']} itself cannot load this folder: "
+            f"{report['upstream_load_error']}"
+        )
+    if not problems:
+        return '\n'.join(lines + ['No problems found.'])
+    by_kind: Dict[str, List[dict]] = {}
+    for p in problems:
+        by_kind.setdefault(p['kind'], []).append(p)
+    rows = [('kind', 'count', 'files')]
+    for kind, items in sorted(by_kind.items()):
+        files = sorted({p['file'] for p in items})
+        shown = ', '.join(files[:3]) + (
+            f' (+{len(files) - 3} more)' if len(files) > 3 else ''
+        )
+        rows.append((kind, str(len(items)), shown))
+    lines += ['', _table(rows), '']
+    rows = [('kind', 'file', 'line', 'instance', 'stage', 'detail')]
+    for p in problems[:max_rows]:
+        rows.append(
+            (
+                p['kind'],
+                p['file'],
+                '' if p['line'] is None else str(p['line']),
+                '' if p['instance'] is None else str(p['instance']),
+                p['stage'],
+                p['detail'],
+            )
+        )
+    lines.append(_table(rows))
+    if len(problems) > max_rows:
+        lines.append(f'... {len(problems) - max_rows} more rows (see --out)')
+    return '\n'.join(lines)
+
+
+def _table(rows: List[Tuple[str, ...]]) -> str:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    out = []
+    for n, row in enumerate(rows):
+        out.append(' | '.join(c.ljust(w) for c, w in zip(row, widths)))
+        if n == 0:
+            out.append('-+-'.join('-' * w for w in widths))
+    return '\n'.join(line.rstrip() for line in out)

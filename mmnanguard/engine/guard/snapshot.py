@@ -1,0 +1,131 @@
+# Copyright (c) mmnanguard contributors. All rights reserved.
+"""The known-good training state that a rollback restores."""
+from typing import Any, Dict, List, Optional
+
+import torch
+from mmengine.hooks import EMAHook
+from mmengine.model import is_model_wrapper
+from mmengine.runner.checkpoint import CheckpointLoader
+from mmengine.utils import apply_to
+
+
+def _clone_tree(tree: Any, device: Optional[str] = 'cpu') -> Any:
+    """Copy every tensor in ``tree`` (to ``device``); rebuild containers."""
+    return apply_to(tree, lambda x: isinstance(x, torch.Tensor),
+                    lambda x: x.detach().to(device, copy=True)
+                    if device else x.detach().clone())
+
+
+def unwrap_model(model: torch.nn.Module) -> torch.nn.Module:
+    """The model inside a DDP / FSDP wrapper, or the model itself."""
+    return model.module if is_model_wrapper(model) else model
+
+
+def scheduler_states(runner) -> Any:
+    """``state_dict()`` of every param scheduler, shaped as the runner's."""
+    schedulers = runner.param_schedulers
+    if schedulers is None:
+        return None
+    if isinstance(schedulers, dict):
+        return {k: [s.state_dict() for s in v] for k, v in schedulers.items()}
+    return [s.state_dict() for s in schedulers]
+
+
+def _load_scheduler_states(runner, states: Any) -> None:
+    schedulers = runner.param_schedulers
+    if schedulers is None or states is None:
+        return
+    if isinstance(schedulers, dict):
+        for name, group in schedulers.items():
+            for scheduler, state in zip(group, states[name]):
+                scheduler.load_state_dict(state)
+    else:
+        for scheduler, state in zip(schedulers, states):
+            scheduler.load_state_dict(state)
+
+
+def ema_hooks(runner) -> List[EMAHook]:
+    """The runner's EMA hooks."""
+    return [h for h in runner.hooks if isinstance(h, EMAHook)]
+
+
+class TrainingSnapshot:
+    """Model, optimizer (with GradScaler), param-scheduler position and EMA
+    weights at one iteration.
+
+    Args:
+        iteration (int): The iteration the state belongs to.
+        model (dict): Model state dict.
+        optimizer (dict): ``optim_wrapper.state_dict()`` (it holds the
+            ``loss_scaler`` state of an ``AmpOptimWrapper``).
+        schedulers: Param scheduler states.
+        ema (list[dict]): State of each ``EMAHook.ema_model``.
+        source (str): ``'memory'`` or the checkpoint's path.
+    """
+
+    def __init__(self,
+                 iteration: int,
+                 model: Dict[str, torch.Tensor],
+                 optimizer: Dict[str, Any],
+                 schedulers: Any = None,
+                 ema: Optional[List[Dict[str, torch.Tensor]]] = None,
+                 source: str = 'memory') -> None:
+        self.iteration = iteration
+        self.model = model
+        self.optimizer = optimizer
+        self.schedulers = schedulers
+        self.ema = ema or []
+        self.source = source
+
+    @classmethod
+    def capture(cls, runner, device: Optional[str] = 'cpu'):
+        """Copy the runner's current state (to ``device``, default CPU)."""
+        return cls(
+            iteration=runner.iter,
+            model=_clone_tree(unwrap_model(runner.model).state_dict(),
+                              device),
+            optimizer=_clone_tree(runner.optim_wrapper.state_dict(), device),
+            schedulers=_clone_tree(scheduler_states(runner), device),
+            ema=[
+                _clone_tree(h.ema_model.state_dict(), device)
+                for h in ema_hooks(runner)
+            ])
+
+    @classmethod
+    def from_checkpoint(cls, runner, path: str):
+        """Read the state that ``path`` (an mmengine checkpoint) holds.
+
+        ``EMAHook`` swaps the EMA weights into ``state_dict`` when it saves;
+        this swaps them back, as ``EMAHook.after_load_checkpoint`` does.
+        """
+        ckpt = CheckpointLoader.load_checkpoint(path, map_location='cpu')
+        model_state = dict(ckpt['state_dict'])
+        ema_state = ckpt.get('ema_state_dict')
+        ema = []
+        if ema_state is not None and ema_hooks(runner):
+            ema_state = dict(ema_state)
+            for key in list(model_state):
+                ema_key = f'module.{key}'
+                if ema_key in ema_state:
+                    model_state[key], ema_state[ema_key] = (
+                        ema_state[ema_key], model_state[key])
+            ema = [ema_state]
+        meta = ckpt.get('meta', {})
+        return cls(
+            iteration=meta.get('iter', -1),
+            model=model_state,
+            optimizer=ckpt['optimizer'],
+            schedulers=ckpt.get('param_schedulers'),
+            ema=ema,
+            source=path)
+
+    def restore(self, runner) -> None:
+        """Load the state into the runner's model, optimizer, schedulers and
+        EMA hooks. The snapshot itself stays untouched (fresh copies are
+        loaded, since optimizers alias the tensors they are given)."""
+        unwrap_model(runner.model).load_state_dict(self.model)
+        runner.optim_wrapper.load_state_dict(_clone_tree(self.optimizer,
+                                                         None))
+        _load_scheduler_states(runner, _clone_tree(self.schedulers, None))
+        for hook, state in zip(ema_hooks(runner), self.ema):
+            hook.ema_model.load_state_dict(state)

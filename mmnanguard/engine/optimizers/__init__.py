@@ -1,0 +1,9 @@
+# Copyright (c) mmnanguard contributors. All rights reserved.
+from .cpu_amp_optim_wrapper import CPUAmpOptimWrapper
+from .guarded_optim_wrapper import (GuardedOptimWrapperMixin,
+                                    install_step_guard, optim_wrapper_members)
+
+__all__ = [
+    'CPUAmpOptimWrapper', 'GuardedOptimWrapperMixin', 'install_step_guard',
+    'optim_wrapper_members'
+]

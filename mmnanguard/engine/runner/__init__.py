@@ -1,0 +1,1 @@
+# Copyright (c) mmnanguard contributors. All rights reserved.

@@ -1,0 +1,62 @@
+# Copyright (c) mmnanguard contributors. All rights reserved.
+"""Install mmnanguard.
+
+The configs under ``configs/`` are shipped as package data under
+``mmnanguard/.mim/configs``, the way OpenMMLab packages ship them, so that
+``mmnanguard::_base_/nanguard.py`` resolves from any installed copy.
+"""
+import os
+import os.path as osp
+import shutil
+
+from setuptools import find_packages, setup
+
+HERE = osp.dirname(osp.abspath(__file__))
+
+
+def get_version() -> str:
+    """Read ``__version__`` from ``mmnanguard/version.py``."""
+    scope: dict = {}
+    with open(osp.join(HERE, 'mmnanguard', 'version.py')) as f:
+        exec(compile(f.read(), 'version.py', 'exec'), scope)
+    return scope['__version__']
+
+
+def add_mim_extension() -> None:
+    """Link (editable install) or copy (wheel) configs and tools into
+    ``mmnanguard/.mim``, like mmdet's ``setup.py`` does."""
+    mim_path = osp.join(HERE, 'mmnanguard', '.mim')
+    os.makedirs(mim_path, exist_ok=True)
+    for name in ('configs', 'tools'):
+        src = osp.join(HERE, name)
+        dst = osp.join(mim_path, name)
+        if osp.islink(dst) or osp.isfile(dst):
+            os.remove(dst)
+        elif osp.isdir(dst):
+            shutil.rmtree(dst)
+        try:
+            os.symlink(osp.relpath(src, mim_path), dst)
+        except OSError:
+            shutil.copytree(src, dst)
+
+
+if __name__ == '__main__':
+    add_mim_extension()
+    setup(
+        name='mmnanguard',
+        version=get_version(),
+        description='Finite checks, incident reports and recovery for '
+        'OpenMMLab 2.x training',
+        long_description=open(osp.join(HERE, 'README.md')).read(),
+        long_description_content_type='text/markdown',
+        license='Apache License 2.0',
+        packages=find_packages(exclude=('tests', 'tests.*', 'benchmarks')),
+        include_package_data=True,
+        package_data={'mmnanguard': ['.mim/configs/**/*.py',
+                                     '.mim/tools/*.py']},
+        python_requires='>=3.8',
+        install_requires=['mmengine>=0.10.0,<0.11', 'mmcv>=2.0.0,<2.1.0',
+                          'mmdet>=3.0.0,<3.2.0'],
+        extras_require={'rotate': ['mmrotate==1.0.0rc1'],
+                        'seg': ['mmsegmentation>=1.2.0', 'ftfy', 'regex']},
+        zip_safe=False)
