@@ -23,11 +23,13 @@ def get_version() -> str:
 
 
 def add_mim_extension() -> None:
-    """Link (editable install) or copy (wheel) configs and tools into
-    ``mmnanguard/.mim``, like mmdet's ``setup.py`` does."""
+    """Link (editable install) or copy (wheel) configs, tools and
+    ``model-index.yml`` (which mmengine reads to resolve
+    ``mmnanguard::...``) into ``mmnanguard/.mim``, like mmdet's
+    ``setup.py`` does."""
     mim_path = osp.join(HERE, 'mmnanguard', '.mim')
     os.makedirs(mim_path, exist_ok=True)
-    for name in ('configs', 'tools'):
+    for name in ('configs', 'tools', 'model-index.yml'):
         src = osp.join(HERE, name)
         dst = osp.join(mim_path, name)
         if osp.islink(dst) or osp.isfile(dst):
@@ -37,7 +39,10 @@ def add_mim_extension() -> None:
         try:
             os.symlink(osp.relpath(src, mim_path), dst)
         except OSError:
-            shutil.copytree(src, dst)
+            if osp.isdir(src):
+                shutil.copytree(src, dst)
+            else:
+                shutil.copyfile(src, dst)
 
 
 if __name__ == '__main__':
@@ -53,7 +58,8 @@ if __name__ == '__main__':
         packages=find_packages(exclude=('tests', 'tests.*', 'benchmarks')),
         include_package_data=True,
         package_data={'mmnanguard': ['.mim/configs/**/*.py',
-                                     '.mim/tools/*.py']},
+                                     '.mim/tools/*.py',
+                                     '.mim/model-index.yml']},
         python_requires='>=3.8',
         install_requires=['mmengine>=0.10.0,<0.11', 'mmcv>=2.0.0,<2.1.0',
                           'mmdet>=3.0.0,<3.2.0'],

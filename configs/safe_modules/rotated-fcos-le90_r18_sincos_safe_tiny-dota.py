@@ -25,17 +25,21 @@ model = dict(
         scale_angle=True,
         angle_coder=dict(type='SinCosAngleCoder', angle_version=angle_version),
         bbox_coder=dict(
-            type='DistanceAnglePointCoder', angle_version=angle_version),
+            type='DistanceAnglePointCoder', angle_version=angle_version
+        ),
         loss_cls=dict(
             type='StableFocalLoss',
             use_sigmoid=True,
             gamma=2.0,
             alpha=0.25,
-            loss_weight=1.0),
+            loss_weight=1.0,
+        ),
         loss_bbox=dict(type='SafeRotatedIoULoss', loss_weight=1.0),
         loss_angle=dict(type='mmdet.L1Loss', loss_weight=0.2),
         loss_centerness=dict(
-            type='mmdet.CrossEntropyLoss', use_sigmoid=True, loss_weight=1.0)),
+            type='mmdet.CrossEntropyLoss', use_sigmoid=True, loss_weight=1.0
+        ),
+    ),
     train_cfg=None,
     test_cfg=dict(
         _delete_=True,
@@ -43,4 +47,6 @@ model = dict(
         min_bbox_size=0,
         score_thr=0.05,
         nms=dict(type='nms_rotated', iou_threshold=0.1),
-        max_per_img=2000))
+        max_per_img=2000,
+    ),
+)

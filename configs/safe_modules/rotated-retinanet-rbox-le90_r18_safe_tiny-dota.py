@@ -9,4 +9,6 @@ model = dict(
         reg_decoded_bbox=True,
         bbox_coder=dict(type='SafeDeltaXYWHTRBBoxCoder'),
         loss_cls=dict(type='StableFocalLoss'),
-        loss_bbox=dict(type='SafeRotatedIoULoss')))
+        loss_bbox=dict(type='SafeRotatedIoULoss'),
+    )
+)

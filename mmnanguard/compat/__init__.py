@@ -10,12 +10,13 @@ mend                                   needed by
 =====================================  =====================================
 :mod:`.collections_sequence`           mmrotate 1.0.0rc1 on Python >= 3.10
 :mod:`.checkpoint_allowlist`           mmengine <= 0.10.7 on torch >= 2.6
+:mod:`.mim_config_scope`               mmengine <= 0.10.7 (``mmnanguard::``)
 :mod:`.cpu_distributed` (on demand)    mmengine <= 0.10.7, CPU-only torch
 =====================================  =====================================
 """
 from typing import Dict
 
-from . import checkpoint_allowlist, collections_sequence
+from . import checkpoint_allowlist, collections_sequence, mim_config_scope
 
 #: name of each mend -> whether :func:`apply_all` applied it in this process.
 APPLIED: Dict[str, bool] = {}
@@ -30,6 +31,7 @@ def apply_all() -> Dict[str, bool]:
     """
     APPLIED['collections_sequence'] = collections_sequence.apply()
     APPLIED['checkpoint_allowlist'] = checkpoint_allowlist.apply()
+    APPLIED['mim_config_scope'] = mim_config_scope.apply()
     return dict(APPLIED)
 
 

@@ -6,6 +6,7 @@ Layout, as mmdet's ``CocoDataset`` reads it::
     ROOT/images/000000.png
     ROOT/annotations/instances.json
 """
+
 import json
 import os
 import os.path as osp
@@ -18,11 +19,13 @@ import numpy as np
 COCO_TINY_CLASSES = ('square', 'bar', 'block')
 
 
-def generate_coco(root: str,
-                  num_images: int = 8,
-                  img_size: int = 256,
-                  objects_per_image: tuple = (2, 5),
-                  seed: int = 0) -> Dict[str, str]:
+def generate_coco(
+    root: str,
+    num_images: int = 8,
+    img_size: int = 256,
+    objects_per_image: tuple = (2, 5),
+    seed: int = 0,
+) -> Dict[str, str]:
     """Write a tiny COCO-format set; deterministic given ``seed``.
 
     Args:
@@ -43,25 +46,47 @@ def generate_coco(root: str,
     for i in range(num_images):
         file_name = f'{i:06d}.png'
         img = rng.integers(0, 60, size=(img_size, img_size, 3), dtype=np.uint8)
-        for _ in range(rng.integers(objects_per_image[0],
-                                    objects_per_image[1] + 1)):
+        for _ in range(
+            rng.integers(objects_per_image[0], objects_per_image[1] + 1)
+        ):
             w, h = rng.uniform(12, 80, size=2)
             x, y = rng.uniform(0, img_size - w), rng.uniform(0, img_size - h)
             label = int(rng.integers(len(COCO_TINY_CLASSES)))
-            color = [int(c) for c in 80 + (np.arange(3) * 41 + label * 67) % 170]
-            cv2.rectangle(img, (int(x), int(y)), (int(x + w), int(y + h)),
-                          color, thickness=-1)
+            color = [
+                int(c) for c in 80 + (np.arange(3) * 41 + label * 67) % 170
+            ]
+            cv2.rectangle(
+                img,
+                (int(x), int(y)),
+                (int(x + w), int(y + h)),
+                color,
+                thickness=-1,
+            )
             annotations.append(
-                dict(id=len(annotations) + 1, image_id=i + 1,
-                     category_id=label + 1, bbox=[x, y, w, h], area=w * h,
-                     iscrowd=0))
+                dict(
+                    id=len(annotations) + 1,
+                    image_id=i + 1,
+                    category_id=label + 1,
+                    bbox=[x, y, w, h],
+                    area=w * h,
+                    iscrowd=0,
+                )
+            )
         cv2.imwrite(osp.join(img_dir, file_name), img)
-        images.append(dict(id=i + 1, file_name=file_name, width=img_size,
-                           height=img_size))
-    categories = [dict(id=k + 1, name=n)
-                  for k, n in enumerate(COCO_TINY_CLASSES)]
+        images.append(
+            dict(
+                id=i + 1, file_name=file_name, width=img_size, height=img_size
+            )
+        )
+    categories = [
+        dict(id=k + 1, name=n) for k, n in enumerate(COCO_TINY_CLASSES)
+    ]
     ann_file = osp.join(root, 'annotations', 'instances.json')
     with open(ann_file, 'w') as f:
-        json.dump(dict(images=images, annotations=annotations,
-                       categories=categories), f)
+        json.dump(
+            dict(
+                images=images, annotations=annotations, categories=categories
+            ),
+            f,
+        )
     return dict(ann_file=ann_file, img_dir=img_dir)

@@ -90,9 +90,9 @@ def broken_line(kind: str, img_size: int, class_name: str) -> str:
     corners), ``'collapsed_quad'`` (four distinct collinear corners),
     ``'nan_coordinate'`` (``x1`` is ``nan``), ``'unknown_class'`` (class
     :data:`UNKNOWN_CLASS`), ``'negative_coordinate'`` (a valid box crossing
-    the left border), ``'angle_pi_2'`` (an axis-aligned rectangle, which
-    ``ConvertBoxType`` turns into an angle of exactly -pi/2 with OpenCV's
-    ``minAreaRect``).
+    the left border), ``'angle_pi_2'`` (an axis-aligned rectangle, 20 wide
+    and 40 tall: its long side is vertical, so in ``le90`` its angle is
+    exactly on the boundary -pi/2 = pi/2; ``ConvertBoxType`` gives -pi/2).
 
     Args:
         kind (str): One of :data:`BROKEN_KINDS`.
@@ -134,10 +134,10 @@ def broken_line(kind: str, img_size: int, class_name: str) -> str:
     if kind == 'angle_pi_2':
         pts = np.array(
             [
-                [c - 20, c - 10],
-                [c + 20, c - 10],
-                [c + 20, c + 10],
-                [c - 20, c + 10],
+                [c - 10, c - 20],
+                [c + 10, c - 20],
+                [c + 10, c + 20],
+                [c - 10, c + 20],
             ]
         )
         return format_dota_line(pts, class_name)

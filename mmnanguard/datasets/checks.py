@@ -15,7 +15,8 @@ Check names (``Violation.check``):
 ``hbox_size``         ``x2 - x1 > min_size`` and ``y2 - y1 > min_size``
 ``rbox_finite``       rotated box ``(cx, cy, w, h, t)`` is finite
 ``rbox_size``         ``w > min_size`` and ``h > min_size``
-``rbox_angle``        ``t`` strictly inside the angle version's range
+``rbox_angle``        ``t`` (in the version's representation) strictly
+                      inside the angle version's range
 ``qbox_finite``       quadrilateral ``(x1, y1, ..., x4, y4)`` is finite
 ``qbox_area``         shoelace area ``> min_size ** 2``
 ``negative_coord``    no box corner has a coordinate below 0
@@ -27,7 +28,7 @@ Check names (``Violation.check``):
 
 import math
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -115,11 +116,17 @@ def as_array(boxes: Any, dim: Optional[int] = None) -> np.ndarray:
 
 
 def _row_violations(
-    check: str, bad: np.ndarray, boxes: np.ndarray, details: Sequence[str]
+    check: str,
+    bad: np.ndarray,
+    boxes: np.ndarray,
+    detail: Callable[[int], str],
 ) -> List[Violation]:
+    """One violation per row of ``bad``; ``detail(i)`` explains row i."""
+    if not bad.any():
+        return []
     return [
-        Violation(check, int(i), tuple(float(v) for v in boxes[i]), d)
-        for i, d in zip(np.flatnonzero(bad), details)
+        Violation(check, int(i), tuple(float(v) for v in boxes[i]), detail(i))
+        for i in np.flatnonzero(bad)
     ]
 
 
@@ -157,8 +164,9 @@ def check_image(img: np.ndarray) -> List[Violation]:
 def _finite_rows(check: str, boxes: np.ndarray) -> Tuple[np.ndarray, list]:
     finite = np.isfinite(boxes).all(axis=1)
     bad = ~finite
-    details = ['non-finite coordinate'] * int(bad.sum())
-    return finite, _row_violations(check, bad, boxes, details)
+    return finite, _row_violations(
+        check, bad, boxes, lambda i: 'non-finite coordinate'
+    )
 
 
 def check_hboxes(boxes: Any, min_size: float) -> List[Violation]:
@@ -176,29 +184,30 @@ def check_hboxes(boxes: Any, min_size: float) -> List[Violation]:
     w = boxes[:, 2] - boxes[:, 0]
     h = boxes[:, 3] - boxes[:, 1]
     bad = finite & ~((w > min_size) & (h > min_size))
-    details = [
-        f'w={w[i]:.6g}, h={h[i]:.6g}, need both > min_size={min_size}'
-        for i in np.flatnonzero(bad)
-    ]
-    return out + _row_violations('hbox_size', bad, boxes, details)
+    return out + _row_violations(
+        'hbox_size',
+        bad,
+        boxes,
+        lambda i: (
+            f'w={w[i]:.6g}, h={h[i]:.6g}, need both > min_size={min_size}'
+        ),
+    )
 
 
-def angle_violations(
-    angles: np.ndarray, angle_version: str, angle_tol: float
-) -> np.ndarray:
-    """Which angles are not strictly inside the version's range.
+def regularize_rboxes(boxes: np.ndarray, angle_version: str) -> np.ndarray:
+    """``(w, h, t)`` of rotated boxes in the angle version's representation.
 
-    An angle on the boundary (within ``angle_tol``) fails: ``-pi/2`` and
-    ``pi/2`` are the same orientation in ``le90``, and a box exactly there
-    is regressed towards either end.
+    The float64 counterpart of mmrotate's
+    ``RotatedBoxes.regularize_boxes(pattern)``: ``le90`` and ``le135`` make
+    the width the longer side and take ``t`` into ``[low, low + pi)``;
+    ``oc`` keeps ``t`` in ``[-pi/2, 0)`` and swaps the sides instead.
 
     Args:
-        angles (np.ndarray): Angles in radians, shape ``(N,)``.
+        boxes (np.ndarray): Rotated boxes, shape ``(N, 5)``.
         angle_version (str): ``'oc'``, ``'le90'`` or ``'le135'``.
-        angle_tol (float): Boundary tolerance in radians.
 
     Returns:
-        np.ndarray: Boolean mask of failing angles.
+        np.ndarray: ``(N, 3)`` regularized width, height, angle.
 
     Raises:
         ValueError: For an unknown ``angle_version``.
@@ -208,8 +217,51 @@ def angle_violations(
             f'angle_version must be one of '
             f'{sorted(ANGLE_RANGES)}, got {angle_version!r}'
         )
+    low = ANGLE_RANGES[angle_version][0]
+    w, h, t = boxes[:, 2], boxes[:, 3], boxes[:, 4]
+    if angle_version == 'oc':
+        t = np.mod(t - low, np.pi)
+        keep = t < np.pi / 2
+        w_, h_ = np.where(keep, w, h), np.where(keep, h, w)
+        t = np.where(keep, t, t - np.pi / 2) + low
+    else:
+        keep = w > h
+        w_, h_ = np.where(keep, w, h), np.where(keep, h, w)
+        t = np.where(keep, t, t + np.pi / 2)
+        t = np.mod(t - low, np.pi) + low
+    return np.stack([w_, h_, t], axis=1)
+
+
+def angle_violations(
+    boxes: np.ndarray, angle_version: str, angle_tol: float
+) -> np.ndarray:
+    """Which rotated boxes sit on the boundary of the version's range.
+
+    The angle is taken in the version's own representation
+    (:func:`regularize_rboxes`, as mmrotate's box coders do before
+    encoding), where it lies in ``[low, high)``; a box fails when it is
+    within ``angle_tol`` of ``low`` or ``high``. Such a box has two
+    representations at opposite ends of the range (``-pi/2`` and ``pi/2``
+    in ``le90``: a box whose long side is exactly vertical), and its angle
+    target jumps between them.
+
+    Raw pipeline angles are not compared with the range: mmrotate 1.x does
+    not regularize in the data pipeline (``ConvertBoxType`` returns
+    OpenCV's ``minAreaRect`` angle, in ``[-pi/2, 0)`` with OpenCV 5, and
+    ``Rotate`` adds the rotation without wrapping), so raw angles outside
+    the range are normal there.
+
+    Args:
+        boxes (np.ndarray): Finite rotated boxes, shape ``(N, 5)``.
+        angle_version (str): ``'oc'``, ``'le90'`` or ``'le135'``.
+        angle_tol (float): Boundary tolerance in radians.
+
+    Returns:
+        np.ndarray: Boolean mask of failing boxes.
+    """
     low, high = ANGLE_RANGES[angle_version]
-    return ~((angles > low + angle_tol) & (angles < high - angle_tol))
+    t = regularize_rboxes(boxes, angle_version)[:, 2]
+    return (t <= low + angle_tol) | (t >= high - angle_tol)
 
 
 def check_rboxes(
@@ -224,32 +276,51 @@ def check_rboxes(
     Args:
         boxes: Rotated boxes, shape ``(N, 5)``, angle in radians.
         min_size (float): ``w`` and ``h`` must be strictly above it.
-        angle_version (str, optional): Check the angle against this
-            version's range (see :func:`angle_violations`). ``None`` skips
-            the angle check.
+        angle_version (str, optional): Check that the angle is strictly
+            inside this version's range (see :func:`angle_violations`).
+            ``None`` skips the angle check.
         angle_tol (float): Boundary tolerance in radians. Defaults to 1e-6.
 
     Returns:
         list[Violation]: One per failing instance and check.
+
+    Raises:
+        ValueError: For an unknown ``angle_version``.
     """
     boxes = as_array(boxes, 5)
     finite, out = _finite_rows('rbox_finite', boxes)
-    w, h, t = boxes[:, 2], boxes[:, 3], boxes[:, 4]
+    w, h = boxes[:, 2], boxes[:, 3]
     bad = finite & ~((w > min_size) & (h > min_size))
-    details = [
-        f'w={w[i]:.6g}, h={h[i]:.6g}, need both > min_size={min_size}'
-        for i in np.flatnonzero(bad)
-    ]
-    out += _row_violations('rbox_size', bad, boxes, details)
+    out += _row_violations(
+        'rbox_size',
+        bad,
+        boxes,
+        lambda i: (
+            f'w={w[i]:.6g}, h={h[i]:.6g}, need both > min_size={min_size}'
+        ),
+    )
     if angle_version is not None:
-        low, high = ANGLE_RANGES.get(angle_version, (None, None))
-        bad = finite & angle_violations(t, angle_version, angle_tol)
-        details = [
-            f't={t[i]:.9g} rad is not strictly inside the {angle_version} '
-            f'range ({low:.9g}, {high:.9g}) (tolerance {angle_tol})'
-            for i in np.flatnonzero(bad)
-        ]
-        out += _row_violations('rbox_angle', bad, boxes, details)
+        if angle_version not in ANGLE_RANGES:
+            raise ValueError(
+                f'angle_version must be one of '
+                f'{sorted(ANGLE_RANGES)}, got {angle_version!r}'
+            )
+        low, high = ANGLE_RANGES[angle_version]
+        # non-finite rows give NaN here and fail no comparison
+        with np.errstate(invalid='ignore'):
+            reg = regularize_rboxes(boxes, angle_version)
+        t = reg[:, 2]
+        bad = (t <= low + angle_tol) | (t >= high - angle_tol)
+        out += _row_violations(
+            'rbox_angle',
+            bad,
+            boxes,
+            lambda i: (
+                f'as {angle_version}: w={reg[i, 0]:.6g}, h={reg[i, 1]:.6g}, '
+                f't={reg[i, 2]:.9g} rad, on the boundary of [{low:.9g}, '
+                f'{high:.9g}) (tolerance {angle_tol})'
+            ),
+        )
     return out
 
 
@@ -275,11 +346,14 @@ def check_qboxes(boxes: Any, min_size: float) -> List[Violation]:
     areas = np.zeros(len(boxes))
     areas[finite] = quad_areas(boxes[finite])
     bad = finite & ~(areas > min_size**2)
-    details = [
-        f'area={areas[i]:.6g}, need > min_size**2={min_size**2:.6g}'
-        for i in np.flatnonzero(bad)
-    ]
-    return out + _row_violations('qbox_area', bad, boxes, details)
+    return out + _row_violations(
+        'qbox_area',
+        bad,
+        boxes,
+        lambda i: (
+            f'area={areas[i]:.6g}, need > min_size**2={min_size**2:.6g}'
+        ),
+    )
 
 
 def box_corners(boxes: np.ndarray) -> np.ndarray:
@@ -327,12 +401,15 @@ def check_negative_coords(
     corners = box_corners(np.where(finite[:, None], boxes, 0.0))
     lowest = corners.min(axis=1)
     bad = finite & (lowest < -tolerance).any(axis=1)
-    details = [
-        f'lowest corner x={lowest[i, 0]:.6g}, y={lowest[i, 1]:.6g}, '
-        f'below {0.0 - tolerance:g}'
-        for i in np.flatnonzero(bad)
-    ]
-    return _row_violations('negative_coord', bad, boxes, details)
+    return _row_violations(
+        'negative_coord',
+        bad,
+        boxes,
+        lambda i: (
+            f'lowest corner x={lowest[i, 0]:.6g}, y={lowest[i, 1]:.6g}, '
+            f'below {0.0 - tolerance:g}'
+        ),
+    )
 
 
 def check_boxes(
@@ -393,6 +470,8 @@ def check_labels(labels: Any, num_classes: int) -> List[Violation]:
         labels = labels.detach().cpu().numpy()
     labels = np.asarray(labels).reshape(-1)
     bad = (labels < 0) | (labels >= num_classes)
+    if not bad.any():
+        return []
     return [
         Violation(
             'label_range',

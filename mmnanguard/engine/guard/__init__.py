@@ -1,14 +1,20 @@
 # Copyright (c) mmnanguard contributors. All rights reserved.
 """The guard's building blocks, used by :class:`NanGuardHook`."""
-from .exceptions import NonFiniteTrainingError, PoisonedCheckpointError
+from .exceptions import (AmpScaleCollapseError, NonFiniteTrainingError,
+                         PoisonedCheckpointError, TrainingSpikeError)
 from .history import IterationHistory
 from .incident import IncidentRecorder, load_report
+from .lr_backoff import LrBackoff
 from .settings import GuardSettings
+from .spike_detector import Spike, SpikeDetector
+from .spike_settings import SpikeSettings
 from .snapshot import TrainingSnapshot
 from .step_guard import IterationRecord, StepGuard
 
 __all__ = [
-    'NonFiniteTrainingError', 'PoisonedCheckpointError', 'IterationHistory',
+    'AmpScaleCollapseError', 'NonFiniteTrainingError',
+    'PoisonedCheckpointError', 'TrainingSpikeError', 'IterationHistory',
     'IncidentRecorder', 'load_report', 'GuardSettings', 'TrainingSnapshot',
-    'IterationRecord', 'StepGuard'
+    'IterationRecord', 'StepGuard', 'LrBackoff', 'Spike', 'SpikeDetector',
+    'SpikeSettings'
 ]

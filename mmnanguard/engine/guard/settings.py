@@ -1,8 +1,9 @@
 # Copyright (c) mmnanguard contributors. All rights reserved.
 """Validated settings of the guard, shared by its hook and runner."""
 from dataclasses import asdict, dataclass, fields
-from typing import Any, Dict
+from typing import Any, Dict, Optional, Union
 
+from .spike_settings import SpikeSettings
 POLICIES = ('raise', 'skip', 'rollback')
 ESCALATIONS = ('rollback', 'raise')
 ROLLBACK_SOURCES = ('memory', 'checkpoint')
@@ -36,7 +37,12 @@ class GuardSettings:
             ``'checkpoint'`` (the last finite checkpoint written in this run,
             falling back to the snapshot). Defaults to ``'memory'``.
         lr_backoff (float): Factor in (0, 1] applied to every learning rate
-            after a rollback. Defaults to 0.5.
+            after a rollback and after a spike skipped by ``spike``. See
+            :mod:`mmnanguard.engine.guard.lr_backoff` for how the param
+            schedulers continue from it. Defaults to 0.5.
+        recover_iters (int): After each backoff, ramp the learning rates
+            linearly back to the schedule over this many iterations; 0
+            keeps the backoff for the rest of the run. Defaults to 0.
         max_rollbacks (int): Rollbacks allowed before the guard raises.
             Defaults to 3.
         param_check_interval (int): Check that the parameters are finite
@@ -51,6 +57,11 @@ class GuardSettings:
         history_size (int): Iterations kept in the ring buffer of loss
             terms, grad norms, learning rates and loss scales that each
             report includes. Defaults to 50.
+        spike (dict, optional): Loss-spike detection, the fields of
+            :class:`SpikeSettings` (``action``, ``factor``, ``window``,
+            ``warmup``, ``keys``, ``grad_norm``, ``min_value``,
+            ``backoff``); ``dict()`` takes their defaults. None disables
+            it. Defaults to None.
     """
 
     policy: str = 'skip'
@@ -66,6 +77,8 @@ class GuardSettings:
     save_batch: bool = True
     top_k_grads: int = 10
     history_size: int = 50
+    recover_iters: int = 0
+    spike: Optional[Union[dict, SpikeSettings]] = None
 
     def __post_init__(self) -> None:
         _check_choice('policy', self.policy, POLICIES)
@@ -78,6 +91,9 @@ class GuardSettings:
                      'history_size'):
             _check_int(name, getattr(self, name), minimum=1)
         _check_int('param_check_interval', self.param_check_interval, 0)
+        _check_int('recover_iters', self.recover_iters, 0)
+        if self.spike is not None:
+            self.spike = SpikeSettings.from_dict(self.spike)
         if (isinstance(self.lr_backoff, bool)
                 or not isinstance(self.lr_backoff, (int, float))
                 or not 0 < self.lr_backoff <= 1):

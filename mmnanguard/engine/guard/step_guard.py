@@ -2,7 +2,7 @@
 """The decisions taken inside the optimizer wrapper, before any step."""
 import math
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 import torch
 
@@ -29,11 +29,22 @@ class IterationRecord:
     loss_scale: Optional[float] = None
     amp_scale_change: Optional[tuple] = None
     top_grad_params: List[Dict[str, Any]] = field(default_factory=list)
+    #: ``log_vars`` of ``parse_losses`` (tensors), captured before backward.
+    loss_terms: Dict[str, Any] = field(default_factory=dict)
+    #: Why a veto (e.g. a loss spike) dropped this iteration's update.
+    veto: Optional[str] = None
+    #: Which check vetoed: ``'loss'`` or ``'grad'``.
+    veto_stage: Optional[str] = None
 
     @property
     def nonfinite(self) -> bool:
         """Whether the loss or the gradients were non-finite."""
         return self.loss_nonfinite or self.grad_nonfinite
+
+
+#: A veto inspects the record (and the loss or grad norm) and returns the
+#: reason to drop the update, or None.
+Veto = Callable[[IterationRecord, float], Optional[str]]
 
 
 class StepGuard:
@@ -52,6 +63,10 @@ class StepGuard:
         self.named_params = named_params
         self.top_k_grads = top_k_grads
         self.record = IterationRecord()
+        #: Vetoes run on a finite total loss before backward, and on a
+        #: finite gradient norm before the step (e.g. spike detectors).
+        self.loss_vetoes: List[Veto] = []
+        self.grad_vetoes: List[Veto] = []
 
     def begin_iteration(self) -> None:
         """Start a fresh :class:`IterationRecord`."""
@@ -63,7 +78,19 @@ class StepGuard:
         bad = any_rank(local_bad)
         self.record.local_loss_nonfinite |= local_bad
         self.record.loss_nonfinite |= bad
-        return not bad
+        if bad:
+            return False
+        return not self._vetoed('loss', self.loss_vetoes, float(loss))
+
+    def _vetoed(self, stage: str, vetoes: List[Veto], value: float) -> bool:
+        if not vetoes:
+            return False
+        reasons = [r for r in (v(self.record, value) for v in vetoes) if r]
+        if not any_rank(bool(reasons)):
+            return False
+        self.record.veto = '; '.join(reasons) or 'vetoed on another rank'
+        self.record.veto_stage = stage
+        return True
 
     def grad_norm_is_finite(self, norm: Any,
                             optimizer: torch.optim.Optimizer) -> bool:
@@ -81,7 +108,8 @@ class StepGuard:
             self.record.grad_nonfinite = True
             self.record.top_grad_params = top_grad_norms(
                 self.named_params, optimizer, self.top_k_grads)
-        return not bad
+            return False
+        return not self._vetoed('grad', self.grad_vetoes, value)
 
     def note_step(self) -> None:
         """An optimizer step was taken."""

@@ -3,10 +3,11 @@
 import glob
 import os.path as osp
 from collections import deque
-from typing import Any, Dict, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from mmengine.dist import get_rank, get_world_size
 from mmengine.hooks import Hook
+from mmengine.optim import AmpOptimWrapper
 from mmengine.runner.checkpoint import weights_to_cpu
 from mmengine.utils import apply_to
 
@@ -14,12 +15,14 @@ from mmnanguard.registry import HOOKS, register_shared
 from ..guard import (GuardSettings, IncidentRecorder, IterationHistory,
                      IterationRecord, NonFiniteTrainingError,
                      PoisonedCheckpointError, StepGuard, TrainingSnapshot)
+from ..guard.exceptions import TrainingSpikeError
 from ..guard.distributed import any_rank
 from ..guard.finite import nonfinite_paths, optimizer_params, total_norm
-from ..guard.lr_backoff import scale_learning_rates
+from ..guard.lr_backoff import LrBackoff, non_chaining_schedulers
 from ..guard.report import build_report, describe, loss_terms_of
 from ..guard.rng import capture_rng_state
 from ..guard.snapshot import scheduler_states, unwrap_model
+from ..guard.spike_detector import SpikeDetector
 from ..optimizers import install_step_guard, optim_wrapper_members
 
 DATA_BATCH = Optional[Any]
@@ -30,14 +33,42 @@ DATA_BATCH = Optional[Any]
 #: window instead of showing the current count.
 COUNTERS = ('incidents', 'skipped', 'rollbacks', 'nonfinite_objective',
             'nonfinite_grad', 'nonfinite_params', 'poisoned_checkpoints',
-            'amp_skipped')
+            'amp_skipped', 'spikes', 'vetoed', 'lr_backoffs')
 
 #: incident kind -> the counter it increments.
 KIND_COUNTER = dict(
     nonfinite_loss='nonfinite_objective',
     nonfinite_grad='nonfinite_grad',
     nonfinite_params='nonfinite_params',
-    nonfinite_checkpoint='poisoned_checkpoints')
+    nonfinite_checkpoint='poisoned_checkpoints',
+    loss_spike='spikes',
+    grad_spike='spikes',
+    vetoed_update='vetoed')
+
+#: ``record.veto_stage`` -> incident kind of a spike veto.
+SPIKE_KINDS = dict(loss='loss_spike', grad='grad_spike')
+#: Kinds whose update a veto already dropped (``vetoed_update``: a veto
+#: installed by another extension, handled as a skip).
+VETO_KINDS = ('loss_spike', 'grad_spike', 'vetoed_update')
+
+
+def _capture_loss_terms(model, step_guard: StepGuard) -> None:
+    """Record ``parse_losses``' log vars in the step guard's record, so that
+    every loss term is known before backward (for attribution and for
+    vetoes). The model's own ``parse_losses`` still computes them."""
+    if getattr(model.parse_losses, '_nanguard_capture', False):
+        model._nanguard_step_guard = step_guard  # installed before
+        return
+    parse_losses = model.parse_losses
+    model._nanguard_step_guard = step_guard
+
+    def parse_and_capture(losses):
+        loss, log_vars = parse_losses(losses)
+        model._nanguard_step_guard.record.loss_terms = log_vars
+        return loss, log_vars
+
+    parse_and_capture._nanguard_capture = True
+    model.parse_losses = parse_and_capture
 
 
 @register_shared(HOOKS)
@@ -68,7 +99,8 @@ class NanGuardHook(Hook):
             ``max_consecutive_skips``, ``escalate_to``,
             ``snapshot_interval``, ``rollback_source``, ``lr_backoff``,
             ``max_rollbacks``, ``param_check_interval``, ``max_incidents``,
-            ``save_batch``, ``top_k_grads``, ``history_size``).
+            ``save_batch``, ``top_k_grads``, ``history_size``,
+            ``recover_iters``, ``spike``).
 
     Example:
         >>> custom_hooks = [dict(type='NanGuardHook', policy='rollback',
@@ -90,6 +122,15 @@ class NanGuardHook(Hook):
         self.last_report: Optional[Dict[str, Any]] = None
         self._data_batch: DATA_BATCH = None
         self._rng_state: Optional[Dict[str, Any]] = None
+        #: Called as ``listener(runner, report, folder)`` after an incident
+        #: is written and before the policy acts (diagnosis plugs in here).
+        self.incident_listeners: List[Callable] = []
+        self.lr_backoff = LrBackoff(self.settings.lr_backoff,
+                                    self.settings.recover_iters)
+        self._ckpt_lr_multipliers: Dict[int, float] = {}
+        self.spike_detector: Optional[SpikeDetector] = None
+        if self.settings.spike is not None:
+            self.spike_detector = SpikeDetector(self.settings.spike)
 
     # -- stages -----------------------------------------------------------
     def before_train(self, runner) -> None:
@@ -98,6 +139,13 @@ class NanGuardHook(Hook):
         names = {id(p): n for n, p in model.named_parameters()}
         self.step_guard = StepGuard(names, self.settings.top_k_grads)
         install_step_guard(runner.optim_wrapper, self.step_guard)
+        _capture_loss_terms(model, self.step_guard)
+        if self.spike_detector is not None:
+            self._install_spike_detector(runner)
+        for name in non_chaining_schedulers(runner):
+            runner.logger.warning(
+                f'NanGuard: {name} recomputes the lr from its stored values: '
+                'it discards an lr backoff at its next step')
         self.recorder = IncidentRecorder(runner.work_dir,
                                          self.settings.max_incidents,
                                          get_rank(), get_world_size())
@@ -113,6 +161,8 @@ class NanGuardHook(Hook):
                           data_batch: DATA_BATCH = None) -> None:
         """Keep a reference to the batch and the RNG states (no copies)."""
         self.step_guard.begin_iteration()
+        if self.spike_detector is not None:
+            self.spike_detector.begin_iteration()
         self._data_batch = data_batch
         if self.settings.save_batch:
             self._rng_state = capture_rng_state()
@@ -130,6 +180,9 @@ class NanGuardHook(Hook):
             kind = 'nonfinite_loss'
         elif record.grad_nonfinite:
             kind = 'nonfinite_grad'
+        elif record.veto is not None:
+            kind = 'vetoed_update' if self.spike_detector is None else \
+                SPIKE_KINDS[record.veto_stage]
         elif self._param_check_due(runner, record) and \
                 not self._params_finite(runner):
             kind = 'nonfinite_params'
@@ -137,13 +190,31 @@ class NanGuardHook(Hook):
         self.counters['amp_skipped'] += record.amp_skipped_steps
         self.history.append(runner.iter, terms, record.grad_norm,
                             self._first_lr(runner), record.loss_scale)
+        spikes = self.spike_detector.detections if self.spike_detector \
+            else []
+        if spikes and record.veto is None:  # action='log'
+            self.counters['spikes'] += 1
+            self.history.mark_last('spike')
+            runner.logger.warning(
+                f'NanGuard: loss spike at iteration {runner.iter} (logged '
+                f'only, spike.action=log): {self.spike_detector.describe()}')
         if kind is not None:
-            self._on_incident(runner, kind, terms, record)
+            self._on_incident(
+                runner, kind, terms, record,
+                extra=dict(spikes=self.spike_detector.detections_as_dicts())
+                if kind in SPIKE_KINDS.values() else None,
+                error_cls=TrainingSpikeError
+                if kind in SPIKE_KINDS.values() else NonFiniteTrainingError)
         elif record.steps:
             self.consecutive_skips = 0
             if self._uses_snapshots() and \
                     (runner.iter + 1) % self.settings.snapshot_interval == 0:
                 self._take_snapshot(runner, iteration=runner.iter + 1)
+        if self.lr_backoff.step(runner.optim_wrapper, runner.iter) == 1.0:
+            runner.logger.info(
+                f'NanGuard: learning rates back on the schedule after '
+                f'iteration {runner.iter} (recover_iters='
+                f'{self.settings.recover_iters})')
         self._publish(runner)
 
     def before_save_checkpoint(self, runner, checkpoint: dict) -> None:
@@ -164,13 +235,24 @@ class NanGuardHook(Hook):
                 error_cls=PoisonedCheckpointError)
             self._refill_checkpoint(runner, checkpoint)
         self.last_good_checkpoint = runner.message_hub.get_info('last_ckpt')
-        checkpoint['nanguard'] = dict(counters=dict(self.counters))
+        checkpoint['nanguard'] = dict(
+            counters=dict(self.counters),
+            lr_backoff=self.lr_backoff.state_dict(),
+            spike=self.spike_detector.state_dict()
+            if self.spike_detector else None)
+        self._ckpt_lr_multipliers[checkpoint.get('meta', {}).get(
+            'iter', -1)] = self.lr_backoff.multiplier
 
     def after_load_checkpoint(self, runner, checkpoint: dict) -> None:
         """Restore the counters saved by :meth:`before_save_checkpoint`."""
-        saved = checkpoint.get('nanguard', {}).get('counters', {})
+        state = checkpoint.get('nanguard', {})
+        saved = state.get('counters', {})
         for name in COUNTERS:
             self.counters[name] = int(saved.get(name, self.counters[name]))
+        if 'lr_backoff' in state:
+            self.lr_backoff.load_state_dict(state['lr_backoff'])
+        if self.spike_detector is not None and state.get('spike'):
+            self.spike_detector.load_state_dict(state['spike'])
 
     def after_train(self, runner) -> None:
         """Log a one-line summary of the run."""
@@ -179,8 +261,27 @@ class NanGuardHook(Hook):
     # -- decisions --------------------------------------------------------
     def _uses_snapshots(self) -> bool:
         s = self.settings
-        return s.policy == 'rollback' or (s.policy == 'skip'
-                                          and s.escalate_to == 'rollback')
+        spike_policy = s.spike.action if s.spike else None
+        return 'rollback' in (s.policy, spike_policy) or (
+            'skip' in (s.policy, spike_policy)
+            and s.escalate_to == 'rollback')
+
+    def _install_spike_detector(self, runner) -> None:
+        detector = self.spike_detector
+        self.step_guard.loss_vetoes.append(detector.loss_veto)
+        if not detector.settings.grad_norm:
+            return
+        self.step_guard.grad_vetoes.append(detector.grad_veto)
+        amp = [
+            type(w).__name__
+            for w in optim_wrapper_members(runner.optim_wrapper)
+            if isinstance(w, AmpOptimWrapper)
+        ]
+        if amp:
+            runner.logger.warning(
+                f'NanGuard: grad_norm spikes are not checked for {amp}: '
+                'under AMP the GradScaler owns the gradients; loss spikes '
+                'are checked')
 
     def _param_check_due(self, runner, record: IterationRecord) -> bool:
         interval = self.settings.param_check_interval
@@ -197,10 +298,13 @@ class NanGuardHook(Hook):
 
     def _decide(self, kind: str) -> Tuple[str, str]:
         s = self.settings
-        if s.policy == 'raise':
+        policy = s.policy
+        if kind in VETO_KINDS:
+            policy = s.spike.action if s.spike else 'skip'
+        if policy == 'raise':
             return 'raise', 'policy=raise'
-        if s.policy == 'rollback':
-            action, reason = 'rollback', 'policy=rollback'
+        if policy == 'rollback':
+            action, reason = 'rollback', f'policy={policy}'
         elif kind in ('nonfinite_params', 'nonfinite_checkpoint'):
             action = s.escalate_to
             reason = ('the parameters are already non-finite, a skip cannot '
@@ -231,7 +335,10 @@ class NanGuardHook(Hook):
         self.counters['incidents'] += 1
         self.counters[KIND_COUNTER[kind]] += 1
         action, reason = self._decide(kind)
-        self.history.mark_last('incident')
+        if kind in VETO_KINDS:
+            reason = f'{record.veto}; {reason}'
+        self.history.mark_last('spike' if kind in SPIKE_KINDS.values() else
+                               'incident')
         report = build_report(
             runner=runner,
             kind=kind,
@@ -241,7 +348,8 @@ class NanGuardHook(Hook):
             record=record,
             data_batch=self._data_batch,
             local_fault=record.local_loss_nonfinite
-            or record.local_grad_nonfinite or kind.endswith('params'),
+            or record.local_grad_nonfinite or kind.endswith('params')
+            or bool(extra and extra.get('spikes')),
             history=self.history.to_list(),
             extra=extra)
         batch = None
@@ -250,8 +358,10 @@ class NanGuardHook(Hook):
                 data_batch=self._data_batch,
                 rng_state=self._rng_state,
                 iteration=runner.iter)
-        self.recorder.record(index, report, batch)
+        folder = self.recorder.record(index, report, batch)
         self.last_report = report
+        for listener in self.incident_listeners:
+            listener(runner, report, folder)
         message = describe(report)
         runner.logger.error(f'NanGuard: {message}')
         if action == 'raise':
@@ -261,6 +371,12 @@ class NanGuardHook(Hook):
             self._rollback(runner)
         else:
             self.consecutive_skips += 1
+            if kind in SPIKE_KINDS.values() and self.settings.spike.backoff:
+                changes = self._back_off(runner)
+                runner.logger.warning(
+                    f'NanGuard: spike skipped; learning rates x'
+                    f'{self.settings.lr_backoff}: {_lr_changes(changes)}'
+                    f'{self._ramp_note()}')
 
     # -- state ------------------------------------------------------------
     def _rollback_source(self) -> Optional[str]:
@@ -278,6 +394,7 @@ class NanGuardHook(Hook):
             return
         snapshot = TrainingSnapshot.capture(runner)
         snapshot.iteration = iteration
+        snapshot.lr_multiplier = self.lr_backoff.multiplier
         self.snapshots.append(snapshot)
         self._newest_snapshot_tried = False
 
@@ -295,16 +412,30 @@ class NanGuardHook(Hook):
         for wrapper in optim_wrapper_members(runner.optim_wrapper):
             wrapper.optimizer.zero_grad(set_to_none=True)
             wrapper._nanguard_poisoned = False
-        changes = scale_learning_rates(runner.optim_wrapper,
-                                       self.settings.lr_backoff)
+        # the restored lrs carry the multiplier of the restored state
+        self.lr_backoff.restored(
+            getattr(state, 'lr_multiplier', None) or
+            self._ckpt_lr_multipliers.get(state.iteration,
+                                          self.lr_backoff.multiplier))
+        changes = self._back_off(runner)
         self.counters['rollbacks'] += 1
         self.consecutive_skips = 0
         runner.logger.warning(
             f'NanGuard: rolled back to the state of iteration '
             f'{state.iteration} (from {state.source}); learning rates x'
             f'{self.settings.lr_backoff}: '
-            f'{[f"{a:.3g}->{b:.3g}" for a, b in changes]}; rollback '
-            f"{self.counters['rollbacks']}/{self.settings.max_rollbacks}")
+            f'{_lr_changes(changes)}; rollback '
+            f"{self.counters['rollbacks']}/{self.settings.max_rollbacks}"
+            f'{self._ramp_note()}')
+
+    def _back_off(self, runner) -> List[Tuple[float, float]]:
+        self.counters['lr_backoffs'] += 1
+        return self.lr_backoff.back_off(runner.optim_wrapper, runner.iter)
+
+    def _ramp_note(self) -> str:
+        n = self.settings.recover_iters
+        return f'; ramping back to the schedule over {n} iterations' \
+            if n else ''
 
     def _refill_checkpoint(self, runner, checkpoint: dict) -> None:
         """After a rollback, write the restored state instead."""
@@ -326,3 +457,9 @@ class NanGuardHook(Hook):
     def _publish(self, runner) -> None:
         for name, value in self.counters.items():
             runner.message_hub.update_scalar(f'train/nanguard_{name}', value)
+        runner.message_hub.update_scalar('train/nanguard_lr_factor',
+                                         self.lr_backoff.multiplier)
+
+
+def _lr_changes(changes: List[Tuple[float, float]]) -> List[str]:
+    return [f'{a:.3g}->{b:.3g}' for a, b in changes]

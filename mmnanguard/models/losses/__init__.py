@@ -5,6 +5,7 @@ from .checked_cross_entropy_loss import (
 )
 from .diff_rotated_iou import diff_rotated_iou
 from .safe_dice_loss import SafeDiceLoss, safe_dice_loss
+from .safe_gaussian_dist_loss import SafeGDLoss
 from .safe_rotated_iou_loss import SafeRotatedIoULoss, safe_rotated_iou_loss
 from .stable_focal_loss import StableFocalLoss, stable_sigmoid_focal_loss
 
@@ -14,6 +15,7 @@ __all__ = [
     'SafeRotatedIoULoss',
     'safe_rotated_iou_loss',
     'diff_rotated_iou',
+    'SafeGDLoss',
     'SafeDiceLoss',
     'safe_dice_loss',
     'CheckedCrossEntropyLoss',

@@ -58,8 +58,8 @@ def _edge_intersections(c1: Tensor, c2: Tensor):
     """Intersections of each edge of box 1 with each edge of box 2.
 
     Returns:
-        tuple[Tensor, Tensor]: Points (N, 16, 2) (zero where invalid) and
-        their mask (N, 16).
+        tuple[Tensor, Tensor]: Points (N, 16, 2) (meaningless where
+        invalid) and their mask (N, 16).
     """
     p1 = c1.unsqueeze(2)  # (N, 4, 1, 2) edge starts of box 1
     p2 = c1.roll(-1, dims=1).unsqueeze(2)
@@ -73,16 +73,17 @@ def _edge_intersections(c1: Tensor, c2: Tensor):
     t_num = d13[..., 0] * d2[..., 1] - d13[..., 1] * d2[..., 0]
     u_num = d13[..., 0] * d1[..., 1] - d13[..., 1] * d1[..., 0]
     with torch.no_grad():
-        len1 = (d1 * d1).sum(-1)
-        len2 = (d2 * d2).sum(-1)
+        len1 = d1[..., 0] * d1[..., 0] + d1[..., 1] * d1[..., 1]
+        len2 = d2[..., 0] * d2[..., 0] + d2[..., 1] * d2[..., 1]
         nonpar = num * num > _PARALLEL_REL * len1 * len2 + _PARALLEL_ABS
     num_safe = torch.where(nonpar, num, torch.ones_like(num))
     t = t_num / num_safe
     u = u_num / num_safe
     mask = nonpar & (t > 0) & (t < 1) & (u > 0) & (u < 1)
+    # t of a rejected pair is replaced before use; its point is then p1,
+    # and the caller zeroes every vertex outside the mask
     t = torch.where(mask, t, torch.zeros_like(t))
     points = p1 + t.unsqueeze(-1) * d1
-    points = torch.where(mask.unsqueeze(-1), points, torch.zeros_like(points))
     return points.flatten(1, 2), mask.flatten(1, 2)
 
 
@@ -102,17 +103,19 @@ def _corners_inside(corners: Tensor, box_corners: Tensor) -> Tensor:
         ab = box_corners[:, 1:2] - a
         ad = box_corners[:, 3:4] - a
         am = corners - a
-        prod_ab = (ab * am).sum(-1)
-        prod_ad = (ad * am).sum(-1)
-        norm_ab = (ab * ab).sum(-1)
-        norm_ad = (ad * ad).sum(-1)
+        prod_ab = ab[..., 0] * am[..., 0] + ab[..., 1] * am[..., 1]
+        prod_ad = ad[..., 0] * am[..., 0] + ad[..., 1] * am[..., 1]
+        norm_ab = ab[..., 0] * ab[..., 0] + ab[..., 1] * ab[..., 1]
+        norm_ad = ad[..., 0] * ad[..., 0] + ad[..., 1] * ad[..., 1]
         len_ab, len_ad = norm_ab.sqrt(), norm_ad.sqrt()
         # tolerance on the distance to each edge: 1e-5 of the box size
         tol = _INSIDE_TOL * (len_ab + len_ad)
         inside_ab = (prod_ab >= -tol * len_ab) & (
-            prod_ab <= norm_ab + tol * len_ab)
+            prod_ab <= norm_ab + tol * len_ab
+        )
         inside_ad = (prod_ad >= -tol * len_ad) & (
-            prod_ad <= norm_ad + tol * len_ad)
+            prod_ad <= norm_ad + tol * len_ad
+        )
         return inside_ab & inside_ad & (norm_ab > 0) & (norm_ad > 0)
 
 
@@ -138,7 +141,10 @@ def intersection_area(c1: Tensor, c2: Tensor) -> Tensor:
             min=1
         ).view(-1, 1, 1).to(vertices.dtype)
         rel = vertices - mean
-        key = torch.atan2(rel[..., 1], rel[..., 0])
+        # pseudo-angle, monotone in atan2(y, x), in [-2, 2): cheaper
+        rx, ry = rel[..., 0], rel[..., 1]
+        frac = rx / (rx.abs() + ry.abs()).clamp(min=1e-30)
+        key = torch.where(ry >= 0, 1 - frac, frac - 1)
         key = torch.where(mask, key, torch.full_like(key, _INVALID_KEY))
         order = key.argsort(dim=1)
         index = torch.arange(order.size(1), device=order.device)

@@ -105,8 +105,10 @@ class SafeDiceLoss(nn.Module):
     ``[0, C)`` that is not ``ignore_index`` raises a ``ValueError``, where
     mmseg clamps it into range). Index targets equal to
     ``ignore_index`` are left out of every sum (mmseg instead counts the
-    prediction on those pixels); if ``ignore_index`` is a channel index,
-    that channel is dropped, as mmseg does.
+    prediction on those pixels); for (N, C, H, W) predictions, if
+    ``ignore_index`` is a channel index, that channel is dropped, as mmseg
+    does (other shapes, e.g. mmdet's (N, H * W) masks, have no class
+    dimension and keep every element).
 
     Args:
         use_sigmoid (bool): Sigmoid (True) or softmax over dim 1 (False).
@@ -201,7 +203,7 @@ class SafeDiceLoss(nn.Module):
             num_classes = pred.size(1)
             if (
                 ignore_index is not None
-                and pred.dim() > 1
+                and pred.dim() == 4
                 and 0 <= ignore_index < num_classes
             ):
                 keep = torch.arange(num_classes, device=pred.device)

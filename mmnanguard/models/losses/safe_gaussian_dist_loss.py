@@ -10,6 +10,7 @@ gradient. Here the determinant and the inverse come from the box
 parameters, where they are products, never differences:
 ``det = (w h / 4)^2`` and ``Sigma^-1 = R S^-2 R^T``.
 """
+
 from typing import Any, Callable, Dict, NamedTuple, Optional, Union
 
 import torch
@@ -17,6 +18,7 @@ import torch.nn as nn
 from torch import Tensor
 
 from mmnanguard.registry import MODELS, register_shared
+
 from .utils import safe_weight_reduce_loss
 
 _REDUCTIONS = (None, 'none', 'mean', 'sum')
@@ -28,6 +30,7 @@ _PEARSON_MAX = 1 - 1e-7
 
 class Gaussian(NamedTuple):
     """A 2-D Gaussian with its inverse covariance and log-determinant."""
+
     xy: Tensor  # (N, 2)
     sigma: Tensor  # (N, 2, 2)
     sigma_inv: Tensor  # (N, 2, 2)
@@ -67,19 +70,22 @@ def xy_stddev_pearson_2_gaussian(params: Tensor) -> Gaussian:
     rho = rho.reshape(-1)
     covar = rho * std.prod(-1)
     var = std.square()
-    sigma = torch.stack((var[:, 0], covar, covar, var[:, 1]),
-                        -1).view(-1, 2, 2)
+    sigma = torch.stack((var[:, 0], covar, covar, var[:, 1]), -1).view(
+        -1, 2, 2
+    )
     one_m_rho2 = (1 - rho) * (1 + rho)
     det = var.prod(-1) * one_m_rho2
-    adj = torch.stack((var[:, 1], -covar, -covar, var[:, 0]),
-                      -1).view(-1, 2, 2)
+    adj = torch.stack((var[:, 1], -covar, -covar, var[:, 0]), -1).view(
+        -1, 2, 2
+    )
     sigma_inv = adj / det.view(-1, 1, 1)
     log_det = var.log().sum(-1) + torch.log(one_m_rho2)
     return Gaussian(xy, sigma, sigma_inv, log_det)
 
 
-def postprocess(distance: Tensor, fun: str = 'log1p',
-                tau: float = 1.0) -> Tensor:
+def postprocess(
+    distance: Tensor, fun: str = 'log1p', tau: float = 1.0
+) -> Tensor:
     """Distance to loss, as mmrotate's ``postprocess``."""
     if fun == 'log1p':
         distance = torch.log1p(distance)
@@ -99,9 +105,14 @@ def _kld(p: Gaussian, t: Gaussian, alpha: float) -> Tensor:
     return xy_distance / (alpha * alpha) + whr
 
 
-def kld_loss(pred: Gaussian, target: Gaussian, fun: str = 'log1p',
-             tau: float = 1.0, alpha: float = 1.0,
-             sqrt: bool = True) -> Tensor:
+def kld_loss(
+    pred: Gaussian,
+    target: Gaussian,
+    fun: str = 'log1p',
+    tau: float = 1.0,
+    alpha: float = 1.0,
+    sqrt: bool = True,
+) -> Tensor:
     """Kullback-Leibler divergence loss (element-wise)."""
     distance = _kld(pred, target, alpha)
     if sqrt:
@@ -109,9 +120,14 @@ def kld_loss(pred: Gaussian, target: Gaussian, fun: str = 'log1p',
     return postprocess(distance, fun=fun, tau=tau)
 
 
-def jd_loss(pred: Gaussian, target: Gaussian, fun: str = 'log1p',
-            tau: float = 1.0, alpha: float = 1.0,
-            sqrt: bool = True) -> Tensor:
+def jd_loss(
+    pred: Gaussian,
+    target: Gaussian,
+    fun: str = 'log1p',
+    tau: float = 1.0,
+    alpha: float = 1.0,
+    sqrt: bool = True,
+) -> Tensor:
     """Symmetric (Jeffreys) divergence loss (element-wise)."""
     jd = 0.5 * (_kld(pred, target, alpha) + _kld(target, pred, alpha))
     if sqrt:
@@ -120,10 +136,14 @@ def jd_loss(pred: Gaussian, target: Gaussian, fun: str = 'log1p',
 
 
 def _kld_sym(reduce: Callable[[Tensor, Tensor], Tensor]) -> Callable:
-
-    def loss(pred: Gaussian, target: Gaussian, fun: str = 'log1p',
-             tau: float = 1.0, alpha: float = 1.0,
-             sqrt: bool = True) -> Tensor:
+    def loss(
+        pred: Gaussian,
+        target: Gaussian,
+        fun: str = 'log1p',
+        tau: float = 1.0,
+        alpha: float = 1.0,
+        sqrt: bool = True,
+    ) -> Tensor:
         d_pt, d_tp = _kld(pred, target, alpha), _kld(target, pred, alpha)
         if sqrt:
             d_pt, d_tp = d_pt.clamp(1e-7).sqrt(), d_tp.clamp(1e-7).sqrt()
@@ -132,9 +152,14 @@ def _kld_sym(reduce: Callable[[Tensor, Tensor], Tensor]) -> Callable:
     return loss
 
 
-def gwd_loss(pred: Gaussian, target: Gaussian, fun: str = 'log1p',
-             tau: float = 1.0, alpha: float = 1.0,
-             normalize: bool = True) -> Tensor:
+def gwd_loss(
+    pred: Gaussian,
+    target: Gaussian,
+    fun: str = 'log1p',
+    tau: float = 1.0,
+    alpha: float = 1.0,
+    normalize: bool = True,
+) -> Tensor:
     """Gaussian Wasserstein distance loss (element-wise), as mmrotate."""
     xy_distance = (pred.xy - target.xy).square().sum(-1)
     whr = pred.sigma.diagonal(dim1=-2, dim2=-1).sum(-1)
@@ -173,6 +198,7 @@ class SafeGDLoss(nn.Module):
         **kwargs: Options of the loss function: ``sqrt`` (KLD family) or
             ``normalize`` ('gwd'); anything else raises.
     """
+
     BAG_GD_LOSS: Dict[str, Callable] = {
         'gwd': gwd_loss,
         'kld': kld_loss,
@@ -185,30 +211,37 @@ class SafeGDLoss(nn.Module):
         'xy_wh_r': xy_wh_r_2_gaussian,
     }
 
-    def __init__(self,
-                 loss_type: str,
-                 representation: str = 'xy_wh_r',
-                 fun: str = 'log1p',
-                 tau: float = 0.0,
-                 alpha: float = 1.0,
-                 reduction: str = 'mean',
-                 loss_weight: float = 1.0,
-                 **kwargs: Any) -> None:
+    def __init__(
+        self,
+        loss_type: str,
+        representation: str = 'xy_wh_r',
+        fun: str = 'log1p',
+        tau: float = 0.0,
+        alpha: float = 1.0,
+        reduction: str = 'mean',
+        loss_weight: float = 1.0,
+        **kwargs: Any,
+    ) -> None:
         super().__init__()
-        checks = (('loss_type', loss_type, tuple(self.BAG_GD_LOSS)),
-                  ('representation', representation, tuple(self.BAG_PREP)),
-                  ('fun', fun, _FUNS), ('reduction', reduction,
-                                        _REDUCTIONS[1:]))
+        checks = (
+            ('loss_type', loss_type, tuple(self.BAG_GD_LOSS)),
+            ('representation', representation, tuple(self.BAG_PREP)),
+            ('fun', fun, _FUNS),
+            ('reduction', reduction, _REDUCTIONS[1:]),
+        )
         for name, value, allowed in checks:
             if value not in allowed:
-                raise ValueError(f'SafeGDLoss: {name} must be one of '
-                                 f'{allowed}, got {value!r}')
+                raise ValueError(
+                    f'SafeGDLoss: {name} must be one of '
+                    f'{allowed}, got {value!r}'
+                )
         allowed_kwargs = {'normalize'} if loss_type == 'gwd' else {'sqrt'}
         unknown = set(kwargs) - allowed_kwargs
         if unknown:
             raise ValueError(
                 f'SafeGDLoss({loss_type!r}): unknown options '
-                f'{sorted(unknown)}; allowed: {sorted(allowed_kwargs)}')
+                f'{sorted(unknown)}; allowed: {sorted(allowed_kwargs)}'
+            )
         self.loss_type = loss_type
         self.loss = self.BAG_GD_LOSS[loss_type]
         self.preprocess = self.BAG_PREP[representation]
@@ -219,12 +252,14 @@ class SafeGDLoss(nn.Module):
         self.loss_weight = loss_weight
         self.kwargs = kwargs
 
-    def forward(self,
-                pred: Tensor,
-                target: Tensor,
-                weight: Optional[Tensor] = None,
-                avg_factor: Optional[Union[int, float]] = None,
-                reduction_override: Optional[str] = None) -> Tensor:
+    def forward(
+        self,
+        pred: Tensor,
+        target: Tensor,
+        weight: Optional[Tensor] = None,
+        avg_factor: Optional[Union[int, float]] = None,
+        reduction_override: Optional[str] = None,
+    ) -> Tensor:
         """Compute the loss.
 
         Args:
@@ -243,20 +278,26 @@ class SafeGDLoss(nn.Module):
         if reduction_override not in _REDUCTIONS:
             raise ValueError(
                 'SafeGDLoss: reduction_override must be None, '
-                f"'none', 'mean' or 'sum', got {reduction_override!r}")
+                f"'none', 'mean' or 'sum', got {reduction_override!r}"
+            )
         if pred.shape != target.shape or pred.size(-1) != 5:
             raise ValueError(
                 'SafeGDLoss: pred and target must both have shape (N, 5), '
-                f'got {tuple(pred.shape)} and {tuple(target.shape)}')
+                f'got {tuple(pred.shape)} and {tuple(target.shape)}'
+            )
         reduction = reduction_override or self.reduction
         if weight is not None and weight.dim() > 1:
             if weight.shape != pred.shape:
                 raise ValueError(
                     'SafeGDLoss: a 2-D weight must have the shape of pred '
-                    f'{tuple(pred.shape)}, got {tuple(weight.shape)}')
+                    f'{tuple(pred.shape)}, got {tuple(weight.shape)}'
+                )
             weight = weight.mean(-1)
-        if (weight is not None and not torch.any(weight > 0)
-                and reduction != 'none'):
+        if (
+            weight is not None
+            and not torch.any(weight > 0)
+            and reduction != 'none'
+        ):
             keep = (weight > 0).unsqueeze(-1)
             return torch.where(keep, pred, torch.zeros_like(pred)).sum()
         with torch.autocast(device_type=pred.device.type, enabled=False):
@@ -267,9 +308,9 @@ class SafeGDLoss(nn.Module):
                 fun=self.fun,
                 tau=self.tau,
                 alpha=self.alpha,
-                **self.kwargs)
+                **self.kwargs,
+            )
             if weight is not None:
                 weight = weight.to(dtype)
-            loss = safe_weight_reduce_loss(loss, weight, reduction,
-                                           avg_factor)
+            loss = safe_weight_reduce_loss(loss, weight, reduction, avg_factor)
         return self.loss_weight * loss

@@ -1,2 +1,4 @@
 # Copyright (c) mmnanguard contributors. All rights reserved.
-from .coders import *  # noqa: F401,F403
+from .coders import SafeDeltaXYWHTRBBoxCoder, SinCosAngleCoder
+
+__all__ = ['SafeDeltaXYWHTRBBoxCoder', 'SinCosAngleCoder']

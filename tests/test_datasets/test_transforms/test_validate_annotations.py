@@ -123,27 +123,56 @@ def test_check_hboxes_size_hand_values():
     assert 'w=0.5' in found[1].detail
 
 
+PI = math.pi
+
+
 @pytest.mark.parametrize(
-    'version,angle,ok',
+    'version,w,h,angle,ok',
     [
-        ('le90', -math.pi / 2, False),
-        ('le90', math.pi / 2, False),
-        ('le90', float(np.float32(-math.pi / 2)), False),
-        ('le90', -math.pi / 2 + 1e-3, True),
-        ('le90', 0.0, True),
-        ('le90', 2.0, False),
-        ('le135', -math.pi / 4, False),
-        ('le135', math.pi / 2, True),
-        ('le135', 3 * math.pi / 4, False),
-        ('oc', -math.pi / 4, True),
-        ('oc', 0.0, False),
-        ('oc', -math.pi / 2, False),
+        # le90: long side vertical <=> regularized angle on -pi/2 == pi/2
+        ('le90', 20, 10, -PI / 2, False),
+        ('le90', 20, 10, PI / 2, False),
+        ('le90', 20, 10, float(np.float32(-PI / 2)), False),
+        ('le90', 20, 10, 3 * PI / 2, False),
+        ('le90', 10, 20, 0.0, False),
+        ('le90', 10, 20, -PI / 2, True),  # = (20, 10, 0)
+        ('le90', 20, 10, -PI / 2 + 1e-3, True),
+        ('le90', 20, 10, 0.0, True),
+        ('le90', 20, 10, 2.0, True),  # = (20, 10, 2 - pi)
+        ('le90', 20, 20, 0.0, False),  # square: (20, 20, pi/2)
+        ('le135', 20, 10, -PI / 4, False),
+        ('le135', 20, 10, 3 * PI / 4, False),
+        ('le135', 20, 10, -PI / 2, True),  # = (20, 10, pi/2)
+        ('oc', 20, 10, -PI / 4, True),
+        ('oc', 20, 10, 0.0, False),
+        ('oc', 20, 10, -PI / 2, False),
     ],
 )
-def test_check_rboxes_angle(version, angle, ok):
-    boxes = np.array([[50.0, 50.0, 20.0, 10.0, angle]])
+def test_check_rboxes_angle(version, w, h, angle, ok):
+    boxes = np.array([[50.0, 50.0, w, h, angle]])
     found = checks.check_rboxes(boxes, 1.0, angle_version=version)
     assert [v.check for v in found] == ([] if ok else ['rbox_angle'])
+
+
+@pytest.mark.parametrize('version', ['oc', 'le90', 'le135'])
+def test_regularize_matches_mmrotate(version):
+    """The float64 regularization equals mmrotate's regularize_boxes."""
+    import torch
+    from mmrotate.structures.bbox import RotatedBoxes
+
+    rng = np.random.default_rng(0)
+    boxes = np.concatenate(
+        [
+            rng.uniform(0, 100, (200, 2)),
+            rng.uniform(1, 50, (200, 2)),
+            rng.uniform(-2 * PI, 2 * PI, (200, 1)),
+        ],
+        axis=1,
+    )
+    expected = RotatedBoxes(torch.from_numpy(boxes), dtype=torch.float64)
+    expected = expected.regularize_boxes(version)[:, 2:].numpy()
+    ours = checks.regularize_rboxes(boxes, version)
+    np.testing.assert_allclose(ours, expected, rtol=1e-12, atol=1e-12)
 
 
 def test_check_rboxes_size_and_finite():
@@ -408,22 +437,27 @@ def test_dota_policy_warn_logs_and_keeps(broken_dota, tmp_path, log_file):
 # ------------------------------------------------------ mmdet (COCO) checks
 @pytest.fixture(scope='module')
 def coco_with_edge_box(tmp_path_factory):
-    """COCO set with polygon masks and a 3.5 px wide box on the left edge
-    of image 0, which a crop can cut into a sliver."""
+    """COCO set with polygon masks; image 0 gets a 3.5 px wide box on the
+    left edge (a crop can cut it into a sliver) and 12 px boxes in the four
+    corners (a rotation can push them almost out of the image)."""
     root = str(tmp_path_factory.mktemp('coco_edge'))
     written = generate_coco(root, num_images=2, seed=0)
     with open(written['ann_file']) as f:
         coco = json.load(f)
-    coco['annotations'].append(
-        dict(
-            id=len(coco['annotations']) + 1,
-            image_id=1,
-            category_id=2,
-            bbox=[0.0, 100.0, 3.5, 40.0],
-            area=140.0,
-            iscrowd=0,
+    extra = [[0.0, 100.0, 3.5, 40.0]] + [
+        [x, y, 12.0, 12.0] for x in (0.0, 244.0) for y in (0.0, 244.0)
+    ]
+    for bbox in extra:
+        coco['annotations'].append(
+            dict(
+                id=len(coco['annotations']) + 1,
+                image_id=1,
+                category_id=2,
+                bbox=bbox,
+                area=bbox[2] * bbox[3],
+                iscrowd=0,
+            )
         )
-    )
     for ann in coco['annotations']:
         x, y, w, h = ann['bbox']
         ann['segmentation'] = [[x, y, x + w, y, x + w, y + h, x, y + h]]
@@ -432,49 +466,69 @@ def coco_with_edge_box(tmp_path_factory):
     return root
 
 
-def coco_crop_pipeline(tmp_path, validate=None):
+AUGMENTATIONS = {
+    # mmdet: crop 250 x 256 out of 256 x 256
+    'RandomCrop': dict(type='RandomCrop', crop_size=(250, 256)),
+    # mmrotate: rotate by up to +-10 degrees, boxes clipped to the image
+    'RandomRotate': dict(
+        type='mmrotate.RandomRotate',
+        prob=1.0,
+        angle_range=10,
+        rotate_type='mmrotate.Rotate',
+    ),
+}
+
+
+def coco_aug_pipeline(tmp_path, augmentation, validate=None):
+    """The tiny COCO config's pipeline with masks, ``augmentation`` after
+    its Resize (a no-op on 256 px images) and its flip disabled."""
     pipeline = config_pipeline(TINY_COCO_CONFIG, tmp_path)
     pipeline[1] = dict(
-        type='LoadAnnotations', with_bbox=True, with_mask=True,
-        poly2mask=False)
-    # the crop is the augmentation under test: no flip (prob 0); Resize is
-    # a no-op on 256 px images
+        type='LoadAnnotations', with_bbox=True, with_mask=True, poly2mask=False
+    )
     pipeline[3] = dict(type='RandomFlip', prob=0.0)
-    pipeline.insert(3, dict(type='RandomCrop', crop_size=(250, 256)))
+    pipeline.insert(3, AUGMENTATIONS[augmentation])
     if validate is not None:
         pipeline = insert(pipeline, len(pipeline) - 1, **validate)
     return pipeline
 
 
-def test_coco_random_crop_degenerate_box_filtered_with_masks(
-    coco_with_edge_box, tmp_path, log_file
+def sliver_indices(boxes, min_size):
+    boxes = boxes.astype(np.float64)
+    sides = np.minimum(boxes[:, 2] - boxes[:, 0], boxes[:, 3] - boxes[:, 1])
+    return np.flatnonzero((sides > 0) & (sides <= min_size))
+
+
+@pytest.mark.parametrize('augmentation', sorted(AUGMENTATIONS))
+def test_coco_augmentation_degenerate_box_filtered_with_masks(
+    coco_with_edge_box, tmp_path, log_file, augmentation
 ):
-    """mmdet's RandomCrop (250x256 of 256x256) cuts the edge box to a sliver (<= min_size=2 px,
-    kept by RandomCrop); filter drops it with its label and mask."""
+    """The augmentation turns boxes into slivers (<= min_size=2 px, kept by
+    the augmentation itself); filter drops exactly those, with their labels
+    and masks, and leaves everything else as the plain pipeline made it."""
     plain = build_dataset(
         TINY_COCO_CONFIG,
         coco_with_edge_box,
         tmp_path,
-        coco_crop_pipeline(tmp_path),
+        coco_aug_pipeline(tmp_path, augmentation),
     )
     seed = None
-    for candidate in range(40):
+    for candidate in range(60):
         np.random.seed(candidate)
         gt = plain[0]['data_samples'].gt_instances
-        boxes = gt.bboxes.tensor.numpy().astype(np.float64)
-        widths = boxes[:, 2] - boxes[:, 0]
-        if ((widths > 0) & (widths <= 2.0)).any():
+        sliver = sliver_indices(gt.bboxes.tensor.numpy(), 2.0)
+        if len(sliver):
             seed, reference = candidate, gt
             break
-    assert seed is not None, 'no seed cut the edge box into a sliver'
-    sliver = np.flatnonzero((widths > 0) & (widths <= 2.0))
-    assert len(sliver) == 1
+    assert seed is not None, f'no seed made a sliver with {augmentation}'
 
     dataset = build_dataset(
         TINY_COCO_CONFIG,
         coco_with_edge_box,
         tmp_path,
-        coco_crop_pipeline(tmp_path, dict(num_classes=3, min_size=2.0)),
+        coco_aug_pipeline(
+            tmp_path, augmentation, dict(num_classes=3, min_size=2.0)
+        ),
     )
     np.random.seed(seed)
     gt = dataset[0]['data_samples'].gt_instances
@@ -485,15 +539,28 @@ def test_coco_random_crop_degenerate_box_filtered_with_masks(
     np.testing.assert_allclose(
         gt.bboxes.tensor.numpy(), reference.bboxes.tensor.numpy()[keep]
     )
-    # each remaining polygon mask still encloses its own box
-    np.testing.assert_allclose(
-        gt.masks.get_bboxes('hbox').tensor.numpy(),
-        gt.bboxes.tensor.numpy(),
-        atol=1e-3,
-    )
-    assert validate_transform(dataset).num_dropped_instances == 1
+    # the masks stay aligned: the kept instances keep their own polygons
+    assert len(gt.masks) == len(keep)
+    for ours, ref in zip(
+        gt.masks.masks, [reference.masks.masks[i] for i in keep]
+    ):
+        np.testing.assert_array_equal(
+            np.concatenate(ours), np.concatenate(ref)
+        )
+    if augmentation == 'RandomCrop':  # and each polygon encloses its box
+        np.testing.assert_allclose(
+            gt.masks.get_bboxes('hbox').tensor.numpy(),
+            gt.bboxes.tensor.numpy(),
+            atol=1e-3,
+        )
+    assert len(sliver_indices(gt.bboxes.tensor.numpy(), 2.0)) == 0
+    transform = validate_transform(dataset)
+    assert transform.num_dropped_instances == len(sliver)
     with open(log_file) as f:
-        assert 'hbox_size failed for instance' in f.read()
+        log = f.read()
+    assert (
+        f'dropped {len(sliver)} invalid instance(s) {sliver.tolist()}' in log
+    )
 
 
 def test_coco_non_finite_image(tmp_path, log_file):

@@ -5,8 +5,10 @@ from mmdet.models.losses import CrossEntropyLoss as MMDetCE
 from mmengine.registry import DefaultScope
 from mmseg.models.losses import CrossEntropyLoss as MMSegCE
 
-from mmnanguard.models.losses import (CheckedCrossEntropyLoss,
-                                      check_cross_entropy_labels)
+from mmnanguard.models.losses import (
+    CheckedCrossEntropyLoss,
+    check_cross_entropy_labels,
+)
 
 NUM_CLASSES = 19
 
@@ -46,17 +48,22 @@ def test_check_function_rejects_float_labels():
 @pytest.mark.parametrize('avg_non_ignore', [False, True])
 def test_mmseg_values_match_upstream(avg_non_ignore):
     logits, labels = _seg(void=True)
-    cfg = dict(use_sigmoid=False, loss_weight=0.4,
-               avg_non_ignore=avg_non_ignore)
+    cfg = dict(
+        use_sigmoid=False, loss_weight=0.4, avg_non_ignore=avg_non_ignore
+    )
     ours = CheckedCrossEntropyLoss(impl='mmseg', **cfg)
     ref = MMSegCE(**cfg)
     out = ours(logits, labels, ignore_index=255)
     torch.testing.assert_close(out, ref(logits, labels, ignore_index=255))
     # by hand: PyTorch's cross_entropy over the non-ignored pixels
     ce = torch.nn.functional.cross_entropy(
-        logits, labels, ignore_index=255, reduction='sum')
-    n = labels.numel() - int((labels == 255).sum()) if avg_non_ignore else \
-        labels.numel()
+        logits, labels, ignore_index=255, reduction='sum'
+    )
+    n = (
+        labels.numel() - int((labels == 255).sum())
+        if avg_non_ignore
+        else labels.numel()
+    )
     assert out.item() == pytest.approx(0.4 * ce.item() / n, rel=1e-5)
     assert ours.loss_name == 'loss_ce'
 
@@ -80,13 +87,14 @@ def test_mmdet_values_match_upstream(use_sigmoid):
     channels = NUM_CLASSES + (0 if use_sigmoid else 1)
     logits = torch.randn(32, channels, generator=g)
     # mmdet: background is label NUM_CLASSES
-    labels = torch.randint(0, NUM_CLASSES + 1, (32, ), generator=g)
+    labels = torch.randint(0, NUM_CLASSES + 1, (32,), generator=g)
     weight = torch.rand(32)
     ours = CheckedCrossEntropyLoss(impl='mmdet', use_sigmoid=use_sigmoid)
     ref = MMDetCE(use_sigmoid=use_sigmoid)
     torch.testing.assert_close(
         ours(logits, labels, weight, avg_factor=20.0),
-        ref(logits, labels, weight, avg_factor=20.0))
+        ref(logits, labels, weight, avg_factor=20.0),
+    )
     bad = labels.clone()
     bad[3] = NUM_CLASSES + 1
     with pytest.raises(ValueError, match=f'label value {NUM_CLASSES + 1}'):
@@ -99,7 +107,8 @@ def test_mmseg_binary_sigmoid_range():
     loss = CheckedCrossEntropyLoss(impl='mmseg', use_sigmoid=True)
     torch.testing.assert_close(
         loss(logits, labels, ignore_index=255),
-        MMSegCE(use_sigmoid=True)(logits, labels, ignore_index=255))
+        MMSegCE(use_sigmoid=True)(logits, labels, ignore_index=255),
+    )
     labels[0, 0, 0] = 2
     with pytest.raises(ValueError, match=r'outside \[0, 2\)'):
         loss(logits, labels, ignore_index=255)
@@ -114,8 +123,11 @@ def test_ignore_index_from_constructor():
 
 
 def test_impl_from_scope_and_bad_impl():
-    for scope, impl in (('mmseg', 'mmseg'), ('mmdet', 'mmdet'),
-                        ('mmrotate', 'mmdet')):
+    for scope, impl in (
+        ('mmseg', 'mmseg'),
+        ('mmdet', 'mmdet'),
+        ('mmrotate', 'mmdet'),
+    ):
         with DefaultScope.overwrite_default_scope(scope):
             assert CheckedCrossEntropyLoss().impl == impl
     with DefaultScope.overwrite_default_scope('mmengine'):
@@ -128,12 +140,16 @@ def test_impl_from_scope_and_bad_impl():
 @pytest.mark.parametrize('scope', ['mmseg', 'mmdet', 'mmrotate'])
 def test_build_from_config_in_scope(scope):
     import importlib
+
     registry = importlib.import_module(f'{scope}.registry')
     with DefaultScope.overwrite_default_scope(scope):
-        for name in ('CheckedCrossEntropyLoss',
-                     'mmnanguard.CheckedCrossEntropyLoss'):
+        for name in (
+            'CheckedCrossEntropyLoss',
+            'mmnanguard.CheckedCrossEntropyLoss',
+        ):
             loss = registry.MODELS.build(
-                dict(type=name, use_sigmoid=False, loss_weight=2.0))
+                dict(type=name, use_sigmoid=False, loss_weight=2.0)
+            )
             assert isinstance(loss, CheckedCrossEntropyLoss)
             assert loss.impl == ('mmseg' if scope == 'mmseg' else 'mmdet')
             assert loss.loss.loss_weight == 2.0

@@ -26,14 +26,18 @@ def _dice64(p, t, eps, naive):
 
 @pytest.mark.parametrize('naive_dice', [False, True])
 @pytest.mark.parametrize('reduction', ['none', 'mean', 'sum'])
-def test_matches_mmdet_dice(naive_dice, reduction):
-    logits, labels = _masks()
+@pytest.mark.parametrize('shape', [(4, 3, 16, 16), (8, 300)])
+def test_matches_mmdet_dice(naive_dice, reduction, shape):
+    # (8, 300): mmdet's flattened masks, where index 255 is not a class
+    logits = torch.randn(shape) * 2
     target = (torch.rand(logits.shape) > 0.5).float()
     weight = torch.rand(logits.size(0))
-    ours = SafeDiceLoss(naive_dice=naive_dice, reduction=reduction,
-                        loss_weight=3.0)
-    ref = MMDetDiceLoss(naive_dice=naive_dice, reduction=reduction,
-                        loss_weight=3.0)
+    ours = SafeDiceLoss(
+        naive_dice=naive_dice, reduction=reduction, loss_weight=3.0
+    )
+    ref = MMDetDiceLoss(
+        naive_dice=naive_dice, reduction=reduction, loss_weight=3.0
+    )
     x1, x2 = logits.clone().requires_grad_(), logits.clone().requires_grad_()
     out, exp = ours(x1, target, weight), ref(x2, target, weight)
     torch.testing.assert_close(out, exp, rtol=1e-5, atol=1e-6)
@@ -42,7 +46,8 @@ def test_matches_mmdet_dice(naive_dice, reduction):
     torch.testing.assert_close(x1.grad, x2.grad, rtol=1e-5, atol=1e-7)
     torch.testing.assert_close(
         ours(logits, target, avg_factor=3.0, reduction_override='mean'),
-        ref(logits, target, avg_factor=3.0, reduction_override='mean'))
+        ref(logits, target, avg_factor=3.0, reduction_override='mean'),
+    )
 
 
 @pytest.mark.parametrize('use_sigmoid', [True, False])
@@ -52,7 +57,8 @@ def test_matches_mmseg_dice_with_index_targets(use_sigmoid, naive_dice):
     ours = SafeDiceLoss(use_sigmoid=use_sigmoid, naive_dice=naive_dice)
     ref = MMSegDiceLoss(use_sigmoid=use_sigmoid, naive_dice=naive_dice)
     torch.testing.assert_close(
-        ours(logits, labels), ref(logits, labels), rtol=1e-5, atol=1e-6)
+        ours(logits, labels), ref(logits, labels), rtol=1e-5, atol=1e-6
+    )
     # the same value by hand, in float64
     p = logits.sigmoid() if use_sigmoid else logits.softmax(1)
     t = torch.nn.functional.one_hot(labels, 3).permute(0, 3, 1, 2)
@@ -90,8 +96,9 @@ def test_empty_masks_are_finite_and_defined(case, naive_dice, eps):
     if case == 'all_ignored':  # index targets, every pixel ignored
         target = torch.full((2, 8, 8), 255)
     pred.requires_grad_()
-    loss = SafeDiceLoss(activate=False, eps=eps, naive_dice=naive_dice,
-                        reduction='none')
+    loss = SafeDiceLoss(
+        activate=False, eps=eps, naive_dice=naive_dice, reduction='none'
+    )
     out = loss(pred, target)
     out.sum().backward()
     assert torch.isfinite(out).all() and torch.isfinite(pred.grad).all()
@@ -99,13 +106,14 @@ def test_empty_masks_are_finite_and_defined(case, naive_dice, eps):
         # documented: 0 / 0 is a perfect match (loss 0); with eps > 0 the
         # upstream formula applies unchanged (V-Net gives 1, naive 0)
         expected = 1.0 if (eps > 0 and not naive_dice) else 0.0
-        torch.testing.assert_close(out, torch.full((2, ), expected))
+        torch.testing.assert_close(out, torch.full((2,), expected))
     else:
         exp = _dice64(pred.detach(), target, eps, naive_dice).float()
         torch.testing.assert_close(out, exp, rtol=1e-5, atol=1e-6)
     if eps == 0 and case != 'all_ignored':
-        up = MMDetDiceLoss(activate=False, eps=eps, naive_dice=naive_dice,
-                           reduction='none')(pred.detach(), target)
+        up = MMDetDiceLoss(
+            activate=False, eps=eps, naive_dice=naive_dice, reduction='none'
+        )(pred.detach(), target)
         if case == 'empty_gt_zero_pred':
             assert not torch.isfinite(up).all()
 
@@ -114,8 +122,7 @@ def test_empty_masks_are_finite_and_defined(case, naive_dice, eps):
 def test_low_precision_large_masks(dtype):
     # 256 x 256 ones: upstream's fp16 sum of squares overflows 65504 to
     # inf, and the loss silently becomes 1 (the fp32 value is 0.80)
-    pred = torch.full((1, 1, 256, 256), 10.0, dtype=dtype,
-                      requires_grad=True)
+    pred = torch.full((1, 1, 256, 256), 10.0, dtype=dtype, requires_grad=True)
     target = torch.ones(1, 1, 256, 256, dtype=dtype)
     out = SafeDiceLoss(activate=False)(pred, target)
     out.backward()
@@ -149,10 +156,12 @@ def test_bad_arguments():
 @pytest.mark.parametrize('scope', ['mmdet', 'mmseg'])
 def test_build_from_config_in_scope(scope):
     import importlib
+
     registry = importlib.import_module(f'{scope}.registry')
     with DefaultScope.overwrite_default_scope(scope):
         for name in ('SafeDiceLoss', 'mmnanguard.SafeDiceLoss'):
             loss = registry.MODELS.build(
-                dict(type=name, naive_dice=True, eps=1.0))
+                dict(type=name, naive_dice=True, eps=1.0)
+            )
             assert isinstance(loss, SafeDiceLoss)
             assert loss.naive_dice and loss.eps == 1.0

@@ -25,16 +25,22 @@ def _shapely_iou(b1, b2):
 
 def _pairs(n=400, seed=0):
     g = torch.Generator().manual_seed(seed)
-    b1 = torch.cat([
-        torch.rand(n, 2, generator=g) * 200,
-        torch.rand(n, 2, generator=g) * 40 + 1,
-        (torch.rand(n, 1, generator=g) - 0.5) * math.pi
-    ], 1)
-    b2 = b1 + torch.cat([
-        torch.randn(n, 2, generator=g) * 8,
-        torch.randn(n, 2, generator=g) * 4,
-        torch.randn(n, 1, generator=g) * 0.5
-    ], 1)
+    b1 = torch.cat(
+        [
+            torch.rand(n, 2, generator=g) * 200,
+            torch.rand(n, 2, generator=g) * 40 + 1,
+            (torch.rand(n, 1, generator=g) - 0.5) * math.pi,
+        ],
+        1,
+    )
+    b2 = b1 + torch.cat(
+        [
+            torch.randn(n, 2, generator=g) * 8,
+            torch.randn(n, 2, generator=g) * 4,
+            torch.randn(n, 1, generator=g) * 0.5,
+        ],
+        1,
+    )
     b2[:, 2:4] = b2[:, 2:4].abs() + 0.5
     b2[:20] = b1[:20]  # identical
     b2[20:40] = b1[20:40][:, [0, 1, 3, 2, 4]]  # w/h swapped + 90 degrees
@@ -46,25 +52,31 @@ def _pairs(n=400, seed=0):
 def test_iou_matches_shapely():
     b1, b2 = _pairs()
     iou = diff_rotated_iou(b1, b2)
-    torch.testing.assert_close(iou.double(), _shapely_iou(b1, b2),
-                               rtol=0, atol=1e-5)
+    torch.testing.assert_close(
+        iou.double(), _shapely_iou(b1, b2), rtol=0, atol=1e-5
+    )
     assert (iou[:40] > 1 - 1e-5).all()
 
 
 def test_iou_matches_mmcv_box_iou_rotated():
     from mmcv.ops import box_iou_rotated
+
     b1, b2 = _pairs(seed=1)
     exp = box_iou_rotated(b1, b2, aligned=True)
-    torch.testing.assert_close(diff_rotated_iou(b1, b2), exp, rtol=0,
-                               atol=1e-4)
+    torch.testing.assert_close(
+        diff_rotated_iou(b1, b2), exp, rtol=0, atol=1e-4
+    )
 
 
 def test_iou_gradient_matches_finite_differences():
     b1, b2 = _pairs(n=60, seed=2)
     b1 = b1[40:].double().requires_grad_()  # generic, non-degenerate
     assert torch.autograd.gradcheck(
-        lambda a: diff_rotated_iou(a, b2[40:].double()), (b1, ),
-        eps=1e-7, atol=1e-4)
+        lambda a: diff_rotated_iou(a, b2[40:].double()),
+        (b1,),
+        eps=1e-7,
+        atol=1e-4,
+    )
 
 
 @pytest.mark.parametrize('mode', ['linear', 'square', 'log'])
@@ -76,20 +88,26 @@ def test_loss_values(mode, reduction):
     weight = torch.rand(100)
     exp = elem * weight.double()
     exp = {'none': exp, 'mean': exp.mean(), 'sum': exp.sum()}[reduction]
-    loss = SafeRotatedIoULoss(mode=mode, reduction=reduction, loss_weight=2.)
-    torch.testing.assert_close(loss(b1, b2, weight).double(), 2 * exp,
-                               rtol=1e-4, atol=1e-4)
+    loss = SafeRotatedIoULoss(mode=mode, reduction=reduction, loss_weight=2.0)
+    torch.testing.assert_close(
+        loss(b1, b2, weight).double(), 2 * exp, rtol=1e-4, atol=1e-4
+    )
     # (N, 5) weights are averaged over the last dimension, as upstream
     torch.testing.assert_close(
-        loss(b1, b2, weight[:, None].repeat(1, 5)), loss(b1, b2, weight))
+        loss(b1, b2, weight[:, None].repeat(1, 5)), loss(b1, b2, weight)
+    )
     torch.testing.assert_close(
-        loss(b1, b2, avg_factor=10., reduction_override='mean'),
-        2 * elem.sum().float() / 10, rtol=1e-4, atol=1e-4)
+        loss(b1, b2, avg_factor=10.0, reduction_override='mean'),
+        2 * elem.sum().float() / 10,
+        rtol=1e-4,
+        atol=1e-4,
+    )
 
 
 def test_upstream_rotated_iou_loss_has_no_cpu_kernel():
     """mmcv 2.0.1 sorts the polygon vertices with a CUDA-only op."""
     from mmrotate.models.losses import RotatedIoULoss
+
     b1, b2 = _pairs(n=4)
     if torch.cuda.is_available():
         pytest.skip('CUDA present: the upstream op runs')
@@ -104,8 +122,10 @@ ADVERSARIAL = {
     'zero_both': ([10, 10, 0, 0, 0.3], [10, 10, 0, 0, 0.3]),
     'zero_pred': ([10, 10, 0, 0, 0.0], [10, 10, 4, 2, 0.0]),
     'far_apart': ([0, 0, 1, 1, 0], [1e4, 1e4, 1, 1, 0]),
-    'boundary_angle': ([10, 10, 4, 2, math.pi / 2],
-                       [10, 10, 4, 2, -math.pi / 2]),
+    'boundary_angle': (
+        [10, 10, 4, 2, math.pi / 2],
+        [10, 10, 4, 2, -math.pi / 2],
+    ),
     'huge': ([1e4, 1e4, 1e4, 5e3, 0.1], [1e4, 1e4, 1e4, 5e3, 0.1]),
     'tiny': ([5, 5, 1e-4, 1e-4, 0.2], [5, 5, 1e-4, 1e-4, 0.0]),
     'shared_edge': ([0, 0, 2, 2, 0], [2, 0, 2, 2, 0]),
@@ -181,10 +201,12 @@ def test_bad_arguments():
 @pytest.mark.parametrize('scope', ['mmrotate', 'mmdet'])
 def test_build_from_config_in_scope(scope):
     import importlib
+
     registry = importlib.import_module(f'{scope}.registry')
     with DefaultScope.overwrite_default_scope(scope):
         for name in ('SafeRotatedIoULoss', 'mmnanguard.SafeRotatedIoULoss'):
             loss = registry.MODELS.build(
-                dict(type=name, mode='linear', loss_weight=5.0))
+                dict(type=name, mode='linear', loss_weight=5.0)
+            )
             assert isinstance(loss, SafeRotatedIoULoss)
             assert (loss.mode, loss.loss_weight) == ('linear', 5.0)

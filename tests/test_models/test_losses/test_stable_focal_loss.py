@@ -15,7 +15,7 @@ def _inputs(n=64, scale=3.0, seed=0):
     g = torch.Generator().manual_seed(seed)
     logits = torch.randn(n, NUM_CLASSES, generator=g) * scale
     # class indices, background = NUM_CLASSES
-    labels = torch.randint(0, NUM_CLASSES + 1, (n, ), generator=g)
+    labels = torch.randint(0, NUM_CLASSES + 1, (n,), generator=g)
     return logits, labels
 
 
@@ -27,7 +27,7 @@ def _focal_float64(logits, labels, gamma=2.0, alpha=0.25):
     p_t = p * t + (1 - p) * (1 - t)
     alpha_t = alpha * t + (1 - alpha) * (1 - t)
     ce = -(t * F.logsigmoid(x) + (1 - t) * F.logsigmoid(-x))
-    return alpha_t * (1 - p_t)**gamma * ce
+    return alpha_t * (1 - p_t) ** gamma * ce
 
 
 def _focal_saturated(logits, labels, alpha=0.25):
@@ -40,14 +40,16 @@ def _focal_saturated(logits, labels, alpha=0.25):
 
 
 @pytest.mark.parametrize('reduction', ['none', 'mean', 'sum'])
-@pytest.mark.parametrize('gamma,alpha', [(2.0, 0.25), (1.5, 0.5), (0.5, .9)])
+@pytest.mark.parametrize('gamma,alpha', [(2.0, 0.25), (1.5, 0.5), (0.5, 0.9)])
 def test_matches_mmdet_focal_loss(reduction, gamma, alpha):
     logits, labels = _inputs()
     weight = torch.rand(logits.size(0))
-    ours = StableFocalLoss(gamma=gamma, alpha=alpha, reduction=reduction,
-                           loss_weight=2.0)
-    ref = FocalLoss(gamma=gamma, alpha=alpha, reduction=reduction,
-                    loss_weight=2.0)
+    ours = StableFocalLoss(
+        gamma=gamma, alpha=alpha, reduction=reduction, loss_weight=2.0
+    )
+    ref = FocalLoss(
+        gamma=gamma, alpha=alpha, reduction=reduction, loss_weight=2.0
+    )
     x1 = logits.clone().requires_grad_()
     x2 = logits.clone().requires_grad_()
     out, exp = ours(x1, labels, weight), ref(x2, labels, weight)
@@ -59,7 +61,9 @@ def test_matches_mmdet_focal_loss(reduction, gamma, alpha):
     torch.testing.assert_close(
         ours(logits, labels, avg_factor=7.0, reduction_override='mean'),
         ref(logits, labels, avg_factor=7.0, reduction_override='mean'),
-        rtol=1e-5, atol=1e-5)
+        rtol=1e-5,
+        atol=1e-5,
+    )
 
 
 def test_matches_float64_reference_on_wide_logits():
@@ -92,7 +96,8 @@ def test_weight_shapes():
     full = torch.rand(8, NUM_CLASSES)
     # (N * C, ) is reshaped to (N, C), as in mmdet
     torch.testing.assert_close(
-        loss(logits, labels, full.flatten()), loss(logits, labels, full))
+        loss(logits, labels, full.flatten()), loss(logits, labels, full)
+    )
     with pytest.raises(ValueError, match='weight of shape'):
         loss(logits, labels, torch.rand(3))
 
@@ -100,14 +105,16 @@ def test_weight_shapes():
 def test_mmcv_sigmoid_focal_op():
     """mmcv 2.0.1's sigmoid_focal_loss has CUDA/MLU/NPU kernels only."""
     from mmcv.ops import sigmoid_focal_loss
+
     logits, labels = _inputs()
     if not torch.cuda.is_available():
         with pytest.raises(RuntimeError):
             sigmoid_focal_loss(logits, labels, 2.0, 0.25, None, 'mean')
         return
     out = StableFocalLoss()(logits.cuda(), labels.cuda())
-    exp = sigmoid_focal_loss(logits.cuda(), labels.cuda(), 2.0, 0.25, None,
-                             'mean')
+    exp = sigmoid_focal_loss(
+        logits.cuda(), labels.cuda(), 2.0, 0.25, None, 'mean'
+    )
     torch.testing.assert_close(out, exp, rtol=1e-5, atol=1e-5)
 
 
@@ -181,8 +188,11 @@ def test_activated_exact_zero_and_one(prob):
     assert torch.isfinite(loss) and torch.isfinite(p.grad).all()
     # with the documented clamp p -> [1e-6, 1 - 1e-6]
     exp = _focal_float64(
-        torch.logit(torch.full_like(logits, prob).clamp(1e-6, 1 - 1e-6)
-                    .double()), labels).mean()
+        torch.logit(
+            torch.full_like(logits, prob).clamp(1e-6, 1 - 1e-6).double()
+        ),
+        labels,
+    ).mean()
     assert loss.item() == pytest.approx(exp.item(), rel=1e-4)
 
 
@@ -198,7 +208,7 @@ def test_empty_input(reduction):
 def test_bad_arguments():
     with pytest.raises(ValueError, match='use_sigmoid'):
         StableFocalLoss(use_sigmoid=False)
-    with pytest.raises(ValueError, match="reduction must be one of"):
+    with pytest.raises(ValueError, match='reduction must be one of'):
         StableFocalLoss(reduction='avg')
     with pytest.raises(ValueError, match='reduction_override'):
         StableFocalLoss()(*_inputs(), reduction_override='avg')
@@ -209,6 +219,7 @@ def test_bad_arguments():
 @pytest.mark.parametrize('scope', ['mmdet', 'mmrotate'])
 def test_build_from_config_in_scope(scope):
     import importlib
+
     registry = importlib.import_module(f'{scope}.registry')
     cfg = dict(type='StableFocalLoss', gamma=1.5, alpha=0.3)
     with DefaultScope.overwrite_default_scope(scope):

@@ -4,20 +4,23 @@ import math
 import pytest
 import torch
 from mmengine.registry import DefaultScope
+from mmrotate.models.task_modules.coders import DeltaXYWHTRBBoxCoder
+from mmrotate.structures.bbox import RotatedBoxes
 
 import mmnanguard  # noqa: F401  (before mmrotate.models)
 from mmnanguard.models.task_modules import SafeDeltaXYWHTRBBoxCoder
-from mmrotate.models.task_modules.coders import DeltaXYWHTRBBoxCoder
-from mmrotate.structures.bbox import RotatedBoxes
 
 LO = {'le90': -math.pi / 2, 'le135': -math.pi / 4, 'oc': -math.pi / 2}
 PERIOD = {'le90': math.pi, 'le135': math.pi, 'oc': math.pi / 2}
 
 CONFIGS = [
     dict(angle_version='le90', edge_swap=True, proj_xy=True),
-    dict(angle_version='le90', norm_factor=0.5,
-         target_means=(0.1, -0.1, 0.0, 0.05, 0.0),
-         target_stds=(0.1, 0.1, 0.2, 0.2, 0.1)),
+    dict(
+        angle_version='le90',
+        norm_factor=0.5,
+        target_means=(0.1, -0.1, 0.0, 0.05, 0.0),
+        target_stds=(0.1, 0.1, 0.2, 0.2, 0.1),
+    ),
     dict(angle_version='le135', edge_swap=True),
     dict(angle_version='le135', add_ctr_clamp=True, ctr_clamp=16),
     dict(angle_version='oc'),
@@ -56,14 +59,21 @@ def test_encode_decode_match_upstream(cfg):
     torch.testing.assert_close(dec.tensor, exp.tensor, rtol=1e-5, atol=1e-4)
     # batched (B, N, 5) decode and class-wise deltas (N, 5 * k)
     dec2 = ours.decode(anchors[None], deltas[None])
-    torch.testing.assert_close(dec2.tensor[0], ref.decode(anchors, deltas)
-                               .tensor, rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(
+        dec2.tensor[0],
+        ref.decode(anchors, deltas).tensor,
+        rtol=1e-5,
+        atol=1e-4,
+    )
     multi = torch.randn(200, 15) * 0.3
     if version == 'oc':
         multi[:, 4::5] *= 0.05
     torch.testing.assert_close(
-        ours.decode(anchors, multi), ref.decode(anchors, multi),
-        rtol=1e-5, atol=1e-4)
+        ours.decode(anchors, multi),
+        ref.decode(anchors, multi),
+        rtol=1e-5,
+        atol=1e-4,
+    )
 
 
 @pytest.mark.parametrize('version', list(LO))
@@ -83,7 +93,8 @@ def test_zero_size_gt_is_finite(version, case):
     assert deltas[:, 2:4].min() >= lo_edge - 1e-3
     up = DeltaXYWHTRBBoxCoder(angle_version=version, edge_swap=True)
     assert not torch.isfinite(
-        up.encode(RotatedBoxes(anchors), RotatedBoxes(gts))).all()
+        up.encode(RotatedBoxes(anchors), RotatedBoxes(gts))
+    ).all()
 
 
 @pytest.mark.parametrize('version', list(LO))
@@ -106,8 +117,7 @@ def test_huge_deltas_are_finite_with_gradient(version, value):
 
 
 def test_add_ctr_clamp_clamps_dw_both_sides():
-    coder = SafeDeltaXYWHTRBBoxCoder(angle_version='le90',
-                                     add_ctr_clamp=True)
+    coder = SafeDeltaXYWHTRBBoxCoder(angle_version='le90', add_ctr_clamp=True)
     anchors = _boxes(4, 'le90')
     deltas = torch.tensor([[0, 0, -50.0, -50.0, 0]]).repeat(4, 1)
     out = coder.decode(anchors, deltas).tensor
@@ -133,15 +143,19 @@ def test_angles_on_the_boundary(version):
     assert out[:, 4].max() <= lo + period + 1e-6
     # same boxes come back (compare corners, representation may differ)
     torch.testing.assert_close(
-        _sorted_corners(out.detach()), _sorted_corners(gts), atol=1e-3,
-        rtol=1e-5)
+        _sorted_corners(out.detach()),
+        _sorted_corners(gts),
+        atol=1e-3,
+        rtol=1e-5,
+    )
 
 
 def _sorted_corners(boxes):
     corners = RotatedBoxes(boxes).convert_to('qbox').tensor.view(-1, 4, 2)
     key = corners[..., 0] * 1e4 + corners[..., 1]
-    return torch.gather(corners, 1,
-                        key.argsort(1)[..., None].expand(-1, -1, 2))
+    return torch.gather(
+        corners, 1, key.argsort(1)[..., None].expand(-1, -1, 2)
+    )
 
 
 def test_oc_decode_wraps_and_keeps_the_box():
@@ -154,15 +168,18 @@ def test_oc_decode_wraps_and_keeps_the_box():
     up = ref.decode(anchors, deltas).tensor
     assert ours[:, 4].min() >= -math.pi / 2 - 1e-6 and ours[:, 4].max() < 0
     assert up[:, 4].max() > 0  # upstream leaves 'oc' unbounded
-    torch.testing.assert_close(_sorted_corners(ours), _sorted_corners(up),
-                               atol=1e-3, rtol=1e-5)
+    torch.testing.assert_close(
+        _sorted_corners(ours), _sorted_corners(up), atol=1e-3, rtol=1e-5
+    )
 
 
 def test_empty_inputs():
     coder = SafeDeltaXYWHTRBBoxCoder(angle_version='le90')
     empty = torch.zeros(0, 5)
     assert coder.encode(RotatedBoxes(empty), RotatedBoxes(empty)).shape == (
-        0, 5)
+        0,
+        5,
+    )
     assert coder.decode(RotatedBoxes(empty), empty).tensor.shape == (0, 5)
 
 
@@ -178,8 +195,9 @@ def test_low_precision_and_autocast(dtype):
     gts = _boxes(64, 'le90', seed=5)
     gts[:8, 2] = 0
     with torch.autocast('cpu', dtype=torch.bfloat16):
-        enc = coder.encode(RotatedBoxes(anchors.to(dtype)),
-                           RotatedBoxes(gts.to(dtype)))
+        enc = coder.encode(
+            RotatedBoxes(anchors.to(dtype)), RotatedBoxes(gts.to(dtype))
+        )
     assert enc.dtype == torch.float32 and torch.isfinite(enc).all()
 
 
@@ -197,10 +215,14 @@ def test_bad_arguments():
 
 def test_build_in_mmrotate_scope():
     from mmrotate.registry import TASK_UTILS
+
     with DefaultScope.overwrite_default_scope('mmrotate'):
-        for name in ('SafeDeltaXYWHTRBBoxCoder',
-                     'mmnanguard.SafeDeltaXYWHTRBBoxCoder'):
+        for name in (
+            'SafeDeltaXYWHTRBBoxCoder',
+            'mmnanguard.SafeDeltaXYWHTRBBoxCoder',
+        ):
             coder = TASK_UTILS.build(
-                dict(type=name, angle_version='le90', edge_swap=True))
+                dict(type=name, angle_version='le90', edge_swap=True)
+            )
             assert isinstance(coder, SafeDeltaXYWHTRBBoxCoder)
             assert coder.angle_version == 'le90' and coder.edge_swap

@@ -58,8 +58,9 @@ def test_no_jump_at_le90_boundary():
     # angles 2 * eps apart (mod pi) encode 2 * k * eps = 4e-4 apart
     assert (below - above).norm() == pytest.approx(4 * eps, rel=1e-2)
     # dense sweep across +-pi/2: every step moves the code by k * step
-    theta = torch.linspace(-3 * math.pi / 4, 3 * math.pi / 4, 20001,
-                           dtype=torch.float64)[:, None]
+    theta = torch.linspace(
+        -3 * math.pi / 4, 3 * math.pi / 4, 20001, dtype=torch.float64
+    )[:, None]
     enc = coder.encode(theta)
     step = (theta[1] - theta[0]).item()
     assert (enc[1:] - enc[:-1]).norm(dim=1).max() < 2 * step * 1.001
@@ -74,14 +75,16 @@ def test_decode_shapes_and_empty(keepdim):
     # scale does not matter, only the direction
     torch.testing.assert_close(coder.decode(preds * 5.0, keepdim), out)
     empty = coder.decode(torch.zeros(0, 2), keepdim=keepdim)
-    assert empty.shape == ((0, 1) if keepdim else (0, ))
+    assert empty.shape == ((0, 1) if keepdim else (0,))
     assert coder.encode(torch.zeros(0, 1)).shape == (0, 2)
 
 
 def test_zero_pair_and_gradient_finite():
     coder = SinCosAngleCoder('le90')
-    preds = torch.tensor([[0.0, 0.0], [0.0, -1.0], [1e-30, 1e-30],
-                          [6e4, -6e4]], requires_grad=True)
+    preds = torch.tensor(
+        [[0.0, 0.0], [0.0, -1.0], [1e-30, 1e-30], [6e4, -6e4]],
+        requires_grad=True,
+    )
     out = coder.decode(preds)
     out.sum().backward()
     assert out[0].item() == 0.0
@@ -113,6 +116,7 @@ def test_bad_arguments():
 
 def test_build_in_mmrotate_scope():
     from mmrotate.registry import TASK_UTILS
+
     with DefaultScope.overwrite_default_scope('mmrotate'):
         for name in ('SinCosAngleCoder', 'mmnanguard.SinCosAngleCoder'):
             coder = TASK_UTILS.build(dict(type=name, angle_version='oc'))
@@ -120,35 +124,58 @@ def test_build_in_mmrotate_scope():
 
 
 HEADS = {
-    'RotatedFCOSHead':
-    dict(type='RotatedFCOSHead', num_classes=3, in_channels=32,
-         feat_channels=32, stacked_convs=1),
-    'AngleBranchRetinaHead':
-    dict(type='AngleBranchRetinaHead', num_classes=3, in_channels=32,
-         feat_channels=32, stacked_convs=1,
-         anchor_generator=dict(type='FakeRotatedAnchorGenerator',
-                               angle_version='le90',
-                               octave_base_scale=4, scales_per_octave=3,
-                               ratios=[1.0, 0.5, 2.0],
-                               strides=[8, 16, 32, 64, 128]),
-         bbox_coder=dict(type='DeltaXYWHTRBBoxCoder', angle_version='le90',
-                         norm_factor=None, edge_swap=True, proj_xy=True,
-                         target_means=(.0, .0, .0, .0, .0),
-                         target_stds=(1.0, 1.0, 1.0, 1.0, 1.0)),
-         loss_cls=dict(type='StableFocalLoss'),
-         loss_bbox=dict(type='mmdet.L1Loss'),
-         loss_angle=dict(type='mmdet.L1Loss', loss_weight=0.2)),
-    'RotatedRTMDetHead':
-    dict(type='RotatedRTMDetHead', num_classes=3, in_channels=32,
-         feat_channels=32, stacked_convs=1,
-         anchor_generator=dict(type='mmdet.MlvlPointGenerator', offset=0,
-                               strides=[8, 16, 32]),
-         bbox_coder=dict(type='DistanceAnglePointCoder',
-                         angle_version='le90'),
-         loss_cls=dict(type='mmdet.QualityFocalLoss', use_sigmoid=True,
-                       beta=2.0, loss_weight=1.0),
-         loss_bbox=dict(type='RotatedIoULoss', mode='linear',
-                        loss_weight=2.0)),
+    'RotatedFCOSHead': dict(
+        type='RotatedFCOSHead',
+        num_classes=3,
+        in_channels=32,
+        feat_channels=32,
+        stacked_convs=1,
+    ),
+    'AngleBranchRetinaHead': dict(
+        type='AngleBranchRetinaHead',
+        num_classes=3,
+        in_channels=32,
+        feat_channels=32,
+        stacked_convs=1,
+        anchor_generator=dict(
+            type='FakeRotatedAnchorGenerator',
+            angle_version='le90',
+            octave_base_scale=4,
+            scales_per_octave=3,
+            ratios=[1.0, 0.5, 2.0],
+            strides=[8, 16, 32, 64, 128],
+        ),
+        bbox_coder=dict(
+            type='DeltaXYWHTRBBoxCoder',
+            angle_version='le90',
+            norm_factor=None,
+            edge_swap=True,
+            proj_xy=True,
+            target_means=(0.0, 0.0, 0.0, 0.0, 0.0),
+            target_stds=(1.0, 1.0, 1.0, 1.0, 1.0),
+        ),
+        loss_cls=dict(type='StableFocalLoss'),
+        loss_bbox=dict(type='mmdet.L1Loss'),
+        loss_angle=dict(type='mmdet.L1Loss', loss_weight=0.2),
+    ),
+    'RotatedRTMDetHead': dict(
+        type='RotatedRTMDetHead',
+        num_classes=3,
+        in_channels=32,
+        feat_channels=32,
+        stacked_convs=1,
+        anchor_generator=dict(
+            type='mmdet.MlvlPointGenerator', offset=0, strides=[8, 16, 32]
+        ),
+        bbox_coder=dict(type='DistanceAnglePointCoder', angle_version='le90'),
+        loss_cls=dict(
+            type='mmdet.QualityFocalLoss',
+            use_sigmoid=True,
+            beta=2.0,
+            loss_weight=1.0,
+        ),
+        loss_bbox=dict(type='RotatedIoULoss', mode='linear', loss_weight=2.0),
+    ),
 }
 
 
@@ -157,14 +184,19 @@ def test_plugs_into_heads_with_angle_coder(head):
     """The mmrotate 1.0.0rc1 heads that build an ``angle_coder`` size
     their angle branch by its ``encode_size`` (2 channels here)."""
     from mmrotate.registry import MODELS
-    cfg = dict(HEADS[head],
-               angle_coder=dict(type='SinCosAngleCoder',
-                                angle_version='le90'))
+
+    cfg = dict(
+        HEADS[head],
+        angle_coder=dict(type='SinCosAngleCoder', angle_version='le90'),
+    )
     with DefaultScope.overwrite_default_scope('mmrotate'):
         module = MODELS.build(cfg)
     assert isinstance(module.angle_coder, SinCosAngleCoder)
-    angle_convs = [m for n, m in module.named_modules()
-                   if 'ang' in n and isinstance(m, torch.nn.Conv2d)]
+    angle_convs = [
+        m
+        for n, m in module.named_modules()
+        if 'ang' in n and isinstance(m, torch.nn.Conv2d)
+    ]
     assert angle_convs
     num_anchors = getattr(module, 'num_base_priors', 1)
     assert angle_convs[-1].out_channels == 2 * num_anchors

@@ -1,0 +1,29 @@
+# mmnanguard protection for any mmdet / mmrotate / mmseg config: add
+#   _base_ = [..., 'mmnanguard::_base_/nanguard.py']
+# The runner (a registered Runner subclass, which the official tools/train.py
+# of mmdet, mmrotate and mmseg build when `runner_type` is set) adds the
+# NanGuardHook and the hooks below without touching custom_hooks,
+# default_hooks or optim_wrapper. The scoped name makes mmengine import
+# mmnanguard before anything is built. See
+# mmnanguard/engine/runner/nanguard_runner.py.
+runner_type = 'mmnanguard.NanGuardRunner'
+
+nanguard = dict(
+    # NanGuardHook settings (mmnanguard.engine.guard.GuardSettings)
+    policy='skip',  # raise | skip | rollback | off
+    max_consecutive_skips=5,
+    escalate_to='rollback',  # when skipping is not enough
+    snapshot_interval=50,
+    lr_backoff=0.5,
+    max_rollbacks=3,
+    # more protection hooks, one per line (when='amp': AMP optim wrappers)
+    hooks=[],
+    # CheckedCrossEntropyLoss for every CrossEntropyLoss: a label outside
+    # [0, num_classes) (e.g. Cityscapes 255) raises an error naming it
+    check_labels=True,
+    # ValidateAnnotations before Pack*Inputs; num_classes, angle_version and
+    # ignore_index are read off the model. 'warn' names a bad file and keeps
+    # the sample (the guard handles what follows); 'filter' drops the bad
+    # instances; None turns the check off.
+    validate_annotations=dict(policy='warn'),
+)

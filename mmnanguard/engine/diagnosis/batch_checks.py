@@ -1,0 +1,187 @@
+# Copyright (c) mmnanguard contributors. All rights reserved.
+"""Check the data of one batch: pixels, boxes, labels, segmentation maps.
+
+The checks themselves are those of :mod:`mmnanguard.datasets.checks`
+(shared with ``ValidateAnnotations`` and ``tools/check_dataset.py``); this
+module applies them to a batch as the model received it (``inputs`` and
+``data_samples``) and names the file, the instance and, for DOTA annfiles,
+the line each problem comes from.
+"""
+import os.path as osp
+from typing import Any, Dict, List, Optional, Tuple
+
+import torch
+from torch import nn
+
+from mmnanguard.datasets.checks import (check_boxes, check_image,
+                                        check_labels, check_seg_map)
+from mmnanguard.datasets.dota_annfile import parse_dota_annfile
+
+
+def model_classes(model: nn.Module) -> Tuple[Optional[int], int]:
+    """``(num_classes, ignore_index)`` of the model's first head.
+
+    mmdet/mmrotate heads (``bbox_head``, ``rpn_head``, ``roi_head``...) and
+    mmseg's ``decode_head`` carry ``num_classes``; mmseg's also carries
+    ``ignore_index`` (default 255).
+
+    Args:
+        model (nn.Module): The model.
+
+    Returns:
+        tuple: ``(num_classes or None, ignore_index)``.
+    """
+    for name, module in model.named_modules():
+        num = getattr(module, 'num_classes', None)
+        if isinstance(num, int) and num > 0 and 'rpn' not in name:
+            return num, int(getattr(module, 'ignore_index', 255) or 255)
+    return None, 255
+
+
+def dota_annfile_of(img_path: Optional[str]) -> Optional[str]:
+    """``ROOT/SPLIT/annfiles/NAME.txt`` for ``ROOT/SPLIT/images/NAME.png``,
+    when that file exists."""
+    if not img_path:
+        return None
+    split_dir = osp.dirname(osp.dirname(img_path))
+    name = osp.splitext(osp.basename(img_path))[0]
+    path = osp.join(split_dir, 'annfiles', f'{name}.txt')
+    return path if osp.isfile(path) else None
+
+
+def annfile_line(annfile: str, index: int, num_instances: int,
+                 classes: Optional[Any] = None) -> Optional[int]:
+    """The 1-based line of instance ``index`` in a DOTA annfile.
+
+    Instances reach the model in annfile order, minus the ``difficulty``-
+    ignored ones (``PackDetInputs`` moves those to ``ignored_instances``).
+    The line is returned only when the annfile holds exactly
+    ``num_instances`` such instances, i.e. no transform dropped any.
+
+    Args:
+        annfile (str): The ``.txt`` annfile.
+        index (int): Instance index in ``gt_instances``.
+        num_instances (int): ``len(gt_instances)``.
+        classes: Class names; by default every class in the file is
+            accepted (the line order is all that matters here).
+
+    Returns:
+        int | None: The line, or None when it cannot be told.
+    """
+    with open(annfile) as f:
+        names = [ln.split()[8] for ln in f if len(ln.split()) >= 10]
+    classes = classes or sorted(set(names))
+    instances, _ = parse_dota_annfile(annfile, classes, diff_thr=100)
+    kept = [i['line'] for i in instances if not i['ignore_flag']]
+    if len(kept) != num_instances or not 0 <= index < len(kept):
+        return None
+    return kept[index]
+
+
+def _finding(sample: int, source: Dict[str, Any], violation,
+             stage: str) -> Dict[str, Any]:
+    found = violation.to_dict()
+    found.update(sample=sample, stage=stage, **source)
+    return found
+
+
+def _sample_source(sample: Any) -> Dict[str, Any]:
+    meta = getattr(sample, 'metainfo', {}) or {}
+    return dict(
+        img_path=meta.get('img_path'),
+        img_id=meta.get('img_id'),
+        seg_map_path=meta.get('seg_map_path'))
+
+
+def check_batch(data_batch: Any,
+                preprocessed: Optional[Any] = None,
+                num_classes: Optional[int] = None,
+                ignore_index: int = 255) -> List[Dict[str, Any]]:
+    """Every data problem in a batch, per sample.
+
+    Checks the raw ``inputs`` (floating images only: integer pixels are
+    finite), the preprocessed ``inputs`` (normalisation can make inf), the
+    ground-truth boxes of ``gt_instances`` (finite; width and height > 0,
+    horizontal or rotated), the labels (``[0, num_classes)``) and
+    ``gt_sem_seg`` (``[0, num_classes)`` or ``ignore_index``).
+
+    Args:
+        data_batch (dict): ``inputs`` and ``data_samples`` as the dataloader
+            yields them (``batch.pth``'s ``data_batch``).
+        preprocessed (dict, optional): The data preprocessor's output.
+        num_classes (int, optional): Label range; None skips label and
+            segmentation checks.
+        ignore_index (int): Allowed extra segmentation value.
+
+    Returns:
+        list[dict]: One finding per violation: ``check``, ``index``
+        (instance), ``values``, ``detail``, ``sample`` (index in the batch),
+        ``stage`` (``'raw'`` or ``'preprocessed'``), ``img_path``,
+        ``img_id``, ``seg_map_path`` and, for DOTA, ``annfile`` and
+        ``line``.
+    """
+    findings: List[Dict[str, Any]] = []
+    samples = (preprocessed or data_batch or {}).get('data_samples') or []
+    sources = [_sample_source(s) for s in samples]
+    stages = [('raw', (data_batch or {}).get('inputs'))]
+    if preprocessed is not None:
+        stages.append(('preprocessed', preprocessed.get('inputs')))
+    for stage, inputs in stages:
+        for i, img in enumerate(inputs if inputs is not None else []):
+            if isinstance(img, torch.Tensor) and img.is_floating_point():
+                for v in check_image(img.detach().float().cpu().numpy()):
+                    src = sources[i] if i < len(sources) else {}
+                    findings.append(_finding(i, src, v, stage))
+        if findings:
+            break  # a raw NaN pixel stays NaN after normalisation
+    for i, sample in enumerate(samples):
+        findings += _check_sample(i, sample, sources[i], num_classes,
+                                  ignore_index)
+    return findings
+
+
+def _check_sample(i: int, sample: Any, source: Dict[str, Any],
+                  num_classes: Optional[int],
+                  ignore_index: int) -> List[Dict[str, Any]]:
+    out: List[Dict[str, Any]] = []
+    instances = getattr(sample, 'gt_instances', None)
+    boxes = getattr(instances, 'bboxes', None) if instances else None
+    if boxes is not None and len(boxes):
+        violations = check_boxes(boxes, min_size=0.0)
+        annfile = dota_annfile_of(source.get('img_path'))
+        for v in violations:
+            found = _finding(i, source, v, 'gt_instances')
+            if annfile is not None and v.index is not None:
+                found.update(
+                    annfile=annfile,
+                    line=annfile_line(annfile, v.index, len(boxes)))
+            out.append(found)
+    labels = getattr(instances, 'labels', None) if instances else None
+    if labels is not None and num_classes is not None:
+        out += [
+            _finding(i, source, v, 'gt_instances')
+            for v in check_labels(labels, num_classes)
+        ]
+    seg = getattr(sample, 'gt_sem_seg', None)
+    seg_data = getattr(seg, 'data', None)
+    if seg_data is not None and num_classes is not None:
+        seg_np = seg_data.detach().cpu().numpy()
+        out += [
+            _finding(i, source, v, 'gt_sem_seg')
+            for v in check_seg_map(seg_np, num_classes, ignore_index)
+        ]
+    return out
+
+
+def describe_finding(found: Dict[str, Any]) -> str:
+    """One line: file (and line), instance, check, values, detail."""
+    where = found.get('annfile') or found.get('img_path') or \
+        found.get('seg_map_path') or f"sample {found['sample']}"
+    where = osp.basename(str(where))
+    if found.get('line'):
+        where += f" line {found['line']}"
+    inst = '' if found.get('index') is None else \
+        f", instance {found['index']}"
+    values = ', '.join(str(v) for v in found.get('values', []))
+    return (f"{where} (batch sample {found['sample']}{inst}): "
+            f"{found['check']} failed ({values}); {found['detail']}")

@@ -1,0 +1,106 @@
+# Copyright (c) mmnanguard contributors. All rights reserved.
+"""Diagnose one incident: check the batch, replay it, name the cause and
+write ``report.json`` (``cause``, ``evidence``, ``diagnosis``),
+``report.md`` and ``timeline.png``."""
+import math
+from typing import Any, Dict, List, Optional
+
+import torch
+from torch import nn
+
+from .batch_checks import check_batch, model_classes
+from .classify import classify
+from .incident_files import write_report_json
+from .remedy import remedies
+from .replay import replay_batch
+from .report_md import verdict_lines, write_markdown
+from .timeline import write_timeline
+
+
+def module_weight_stats(model: nn.Module, name: str) -> Dict[str, Any]:
+    """Largest absolute parameter value of module ``name`` (its own
+    parameters and its children's)."""
+    module = model.get_submodule(name)
+    values = [p.detach().abs().max() for p in module.parameters()
+              if p.numel()]
+    top = float(torch.stack(values).max()) if values else math.nan
+    return dict(module=name, max_abs=f'{top:.3g}')
+
+
+def diagnose(model: nn.Module,
+             report: Dict[str, Any],
+             batch: Dict[str, Any],
+             replay_state: str,
+             amp_dtype: Optional[torch.dtype] = None,
+             loss_scale: Optional[float] = None,
+             fp32_replay: bool = True,
+             anomaly: bool = False,
+             explosion_ratio: float = 100.0,
+             optimizer_nonfinite: Optional[List[str]] = None
+             ) -> Dict[str, Any]:
+    """Name the cause of an incident; add it to ``report`` (in place).
+
+    Args:
+        model (nn.Module): The model to replay on, already in the state to
+            replay from. It is run in train mode and its BatchNorm
+            statistics change: pass a copy, never the model being trained.
+        report (dict): The incident's report (``report.json``).
+        batch (dict): ``data_batch`` and ``rng_state`` (``batch.pth``).
+        replay_state (str): Where the replayed weights come from, for the
+            report.
+        amp_dtype (torch.dtype, optional): Replay under autocast with this
+            dtype (the run used AMP).
+        loss_scale (float, optional): The GradScaler's scale (AMP).
+        fp32_replay (bool): Under AMP, also replay in fp32.
+        anomaly (bool): Replay under ``torch.autograd.detect_anomaly``.
+        explosion_ratio (float): Growth of the grad norm that counts as an
+            explosion.
+        optimizer_nonfinite (list[str], optional): Non-finite optimizer
+            state entries.
+
+    Returns:
+        dict: The report, with ``cause``, ``evidence`` and ``diagnosis``
+        (``summary``, ``verdict``, ``remedy``, ``replay_state``,
+        ``fp16_overflow``).
+    """
+    num_classes, ignore_index = model_classes(model)
+    rng_state = batch.get('rng_state')
+    first = replay_batch(model, batch['data_batch'], rng_state, amp_dtype,
+                         loss_scale, anomaly)
+    replay = first['result']
+    fp32 = None
+    if amp_dtype is not None and fp32_replay:
+        fp32 = replay_batch(model, batch['data_batch'], rng_state, None, None,
+                            anomaly)['result']
+    findings = check_batch(batch['data_batch'], first['preprocessed'],
+                           num_classes, ignore_index)
+    result = classify(report, findings, replay, fp32, explosion_ratio,
+                      optimizer_nonfinite)
+    evidence = result['evidence']
+    evidence['num_classes'] = num_classes
+    if replay.forward_first:
+        evidence['module_weights'] = [
+            module_weight_stats(model, replay.forward_first['module'])
+        ]
+    report['cause'] = result['cause']
+    report['evidence'] = evidence
+    report['diagnosis'] = dict(
+        summary=result['summary'],
+        fp16_overflow=result['fp16_overflow'],
+        replay_state=replay_state,
+        remedy=remedies(result, replay))
+    report['diagnosis']['verdict'] = verdict_lines(report)
+    return report
+
+
+def write_diagnosis(report: Dict[str, Any], folder: str) -> Dict[str, str]:
+    """Write ``report.json``, ``report.md`` and ``timeline.png``.
+
+    Returns:
+        dict: The paths, by file name.
+    """
+    return {
+        'report.json': write_report_json(report, folder),
+        'report.md': write_markdown(report, folder),
+        'timeline.png': write_timeline(report, folder),
+    }

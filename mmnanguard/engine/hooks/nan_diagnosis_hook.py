@@ -1,0 +1,150 @@
+# Copyright (c) mmnanguard contributors. All rights reserved.
+"""NanDiagnosisHook: name the first module, loss term and sample that went
+non-finite, and why."""
+import os.path as osp
+import traceback
+from typing import Any, Dict, Optional
+
+import torch
+from mmengine.hooks import Hook
+
+from mmnanguard.registry import HOOKS, register_shared
+from ..diagnosis import (amp_settings, diagnose, replay_model,
+                         write_diagnosis)
+from ..diagnosis.incident_files import write_report_json
+from ..guard.finite import nonfinite_paths
+from .nanguard_hook import NanGuardHook
+
+CONFIG_NAME = 'config.py'
+MODEL_NAME = 'model.pth'
+
+
+@register_shared(HOOKS)
+class NanDiagnosisHook(Hook):
+    """Replay the batch of an incident with every module probed.
+
+    In ``before_train`` the hook finds the runner's :class:`NanGuardHook`
+    and adds a listener to its ``incident_listeners``. Nothing else runs
+    while training is healthy: no module carries a hook and no stage of
+    this hook is called per iteration.
+
+    On each of the first ``diagnose_incidents`` incidents (kinds
+    ``nonfinite_loss``, ``nonfinite_grad``, ``nonfinite_params``) the
+    listener replays the incident's batch on a copy of the model, from the
+    state just before the bad update (see
+    :mod:`mmnanguard.engine.diagnosis.replay_state`) with the saved RNG
+    states, under forward hooks and output-gradient hooks on every module;
+    checks the batch's pixels, boxes, labels and segmentation maps; under
+    AMP replays once more in fp32; and classifies the cause (``data``,
+    ``forward``, ``loss``, ``backward``, ``explosion``, ``transient``).
+    It writes ``cause``, ``evidence`` and ``diagnosis`` into
+    ``report.json``, adds ``report.md`` and ``timeline.png``, and, for
+    ``tools/replay.py``, the run's config (``config.py``) and the replayed
+    weights (``model.pth``, a plain state dict) to the incident folder. The
+    verdict is logged as an error.
+
+    A diagnosis that fails is logged with its traceback and recorded as
+    ``diagnosis_error`` in ``report.json``; training goes on under the
+    guard's policy.
+
+    Args:
+        diagnose_incidents (int): Incidents diagnosed, the first ones.
+            Defaults to 1.
+        fp32_replay (bool): Under AMP, also replay in fp32 (tells an fp16
+            overflow from a math error). Defaults to True.
+        anomaly (bool): Replay under ``torch.autograd.detect_anomaly`` (the
+            failing backward op and its forward traceback). Defaults to
+            False.
+        explosion_ratio (float): Growth of the gradient norm over the
+            buffered iterations that counts as an explosion. Defaults to
+            100 (two orders of magnitude).
+        save_model (bool): Write the replayed weights to ``model.pth``.
+            Defaults to True.
+
+    Example:
+        >>> custom_hooks = [dict(type='NanGuardHook', policy='skip'),
+        ...                 dict(type='NanDiagnosisHook')]
+    """
+
+    priority = 'NORMAL'
+
+    def __init__(self,
+                 diagnose_incidents: int = 1,
+                 fp32_replay: bool = True,
+                 anomaly: bool = False,
+                 explosion_ratio: float = 100.0,
+                 save_model: bool = True) -> None:
+        if not isinstance(diagnose_incidents, int) or diagnose_incidents < 0:
+            raise ValueError('NanDiagnosisHook: diagnose_incidents='
+                             f'{diagnose_incidents!r} is invalid; expected '
+                             'an integer >= 0')
+        if not explosion_ratio > 1:
+            raise ValueError('NanDiagnosisHook: explosion_ratio='
+                             f'{explosion_ratio!r} is invalid; expected a '
+                             'number > 1')
+        self.diagnose_incidents = diagnose_incidents
+        self.fp32_replay = fp32_replay
+        self.anomaly = anomaly
+        self.explosion_ratio = float(explosion_ratio)
+        self.save_model = save_model
+        self.diagnosed = 0
+        self.guard: Optional[NanGuardHook] = None
+
+    def before_train(self, runner) -> None:
+        """Subscribe to the :class:`NanGuardHook`'s incidents."""
+        guards = [h for h in runner.hooks if isinstance(h, NanGuardHook)]
+        if not guards:
+            raise ValueError(
+                'NanDiagnosisHook needs a NanGuardHook in the same runner: '
+                "add dict(type='NanGuardHook') to custom_hooks")
+        self.guard = guards[0]
+        if self.on_incident not in self.guard.incident_listeners:
+            self.guard.incident_listeners.append(self.on_incident)
+
+    def on_incident(self, runner, report: Dict[str, Any],
+                    folder: Optional[str]) -> None:
+        """The listener: diagnose, write the files, log the verdict."""
+        if folder is None or self.diagnosed >= self.diagnose_incidents:
+            return
+        if report['kind'] == 'nonfinite_checkpoint':
+            runner.logger.info('NanGuard diagnosis: a poisoned checkpoint '
+                               'is not a training step; nothing to replay')
+            return
+        self.diagnosed += 1
+        try:
+            self._diagnose(runner, report, folder)
+        except Exception as err:  # noqa: BLE001  (logged and recorded)
+            report['diagnosis_error'] = f'{type(err).__name__}: {err}'
+            write_report_json(report, folder)
+            runner.logger.error('NanGuard diagnosis failed; training goes '
+                                'on under the guard policy:\n'
+                                f'{traceback.format_exc()}')
+
+    def _diagnose(self, runner, report: Dict[str, Any], folder: str) -> None:
+        guard = self.guard
+        batch = dict(
+            data_batch=guard._data_batch, rng_state=guard._rng_state)
+        model, state = replay_model(runner, report, guard.snapshots)
+        amp_dtype, loss_scale = amp_settings(runner.optim_wrapper)
+        optimizer_bad = nonfinite_paths(runner.optim_wrapper.state_dict()) \
+            if report['kind'] == 'nonfinite_params' else []
+        diagnose(
+            model,
+            report,
+            batch,
+            replay_state=state,
+            amp_dtype=amp_dtype,
+            loss_scale=loss_scale,
+            fp32_replay=self.fp32_replay,
+            anomaly=self.anomaly,
+            explosion_ratio=self.explosion_ratio,
+            optimizer_nonfinite=optimizer_bad[:20])
+        runner.cfg.dump(osp.join(folder, CONFIG_NAME))
+        if self.save_model:
+            state_dict = {k: v.detach().cpu()
+                          for k, v in model.state_dict().items()}
+            torch.save(state_dict, osp.join(folder, MODEL_NAME))
+        paths = write_diagnosis(report, folder)
+        verdict = '\n  '.join(report['diagnosis']['verdict'])
+        runner.logger.error(f'NanGuard diagnosis:\n  {verdict}\n  '
+                            f"details: {paths['report.md']}")

@@ -1,0 +1,171 @@
+# Copyright (c) mmnanguard contributors. All rights reserved.
+import math
+
+import pytest
+import torch
+from mmengine.registry import DefaultScope
+from mmrotate.models.losses import GDLoss
+
+import mmnanguard  # noqa: F401  (before mmrotate.models)
+from mmnanguard.models.losses import SafeGDLoss
+
+LOSS_TYPES = ['kld', 'jd', 'kld_symmax', 'kld_symmin', 'gwd']
+
+
+def _boxes(n=64, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    pred = torch.cat(
+        [
+            torch.rand(n, 2, generator=g) * 100,
+            torch.rand(n, 2, generator=g) * 40 + 5,
+            (torch.rand(n, 1, generator=g) - 0.5) * math.pi,
+        ],
+        1,
+    )
+    target = pred.clone()
+    target[:, :2] += torch.randn(n, 2, generator=g) * 3
+    target[:, 2:4] *= torch.rand(n, 2, generator=g) + 0.5
+    target[:, 4] += torch.randn(n, generator=g) * 0.3
+    return pred, target
+
+
+def _loss_and_grad(loss, pred, target):
+    x = pred.clone().requires_grad_()
+    out = loss(x, target)
+    out.backward()
+    return out.detach(), x.grad
+
+
+@pytest.mark.parametrize(
+    'fun,tau', [('log1p', 1.0), ('none', 0.0), ('sqrt', 2.0)]
+)
+@pytest.mark.parametrize('loss_type', LOSS_TYPES)
+def test_matches_upstream_on_normal_boxes(loss_type, fun, tau):
+    pred, target = _boxes()
+    cfg = dict(loss_type=loss_type, fun=fun, tau=tau, loss_weight=2.0)
+    out, grad = _loss_and_grad(SafeGDLoss(**cfg), pred, target)
+    exp, exp_grad = _loss_and_grad(GDLoss(**cfg), pred, target)
+    torch.testing.assert_close(out, exp, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(grad, exp_grad, rtol=1e-4, atol=1e-6)
+
+
+def test_matches_upstream_options_and_pearson_representation():
+    pred, target = _boxes(seed=1)
+    weight = torch.rand(pred.size(0))
+    for kwargs in (dict(sqrt=False), dict(alpha=2.0)):
+        torch.testing.assert_close(
+            SafeGDLoss('kld', **kwargs)(pred, target, weight, avg_factor=10.0),
+            GDLoss('kld', **kwargs)(pred, target, weight, avg_factor=10.0),
+        )
+    torch.testing.assert_close(
+        SafeGDLoss('gwd', normalize=False)(pred, target),
+        GDLoss('gwd', normalize=False)(pred, target),
+    )
+    g = torch.Generator().manual_seed(2)
+    p = torch.cat([pred[:, :4], torch.rand(64, 1, generator=g) - 0.5], 1)
+    t = torch.cat([target[:, :4], torch.rand(64, 1, generator=g) - 0.5], 1)
+    torch.testing.assert_close(
+        SafeGDLoss('kld', representation='xy_stddev_pearson')(p, t),
+        GDLoss('kld', representation='xy_stddev_pearson')(p, t),
+    )
+
+
+THIN = ['zero_w_pred', 'zero_w_target', 'zero_w_both', 'ratio_1e6']
+
+
+def _thin(case):
+    pred, target = _boxes(seed=3)
+    if case in ('zero_w_pred', 'zero_w_both'):
+        pred[:, 2] = 0
+    if case in ('zero_w_target', 'zero_w_both'):
+        target[:, 2] = 0
+    if case == 'ratio_1e6':
+        pred[:, 2:4] = torch.tensor([1e-3, 2e3])
+        target[:, 2:4] = torch.tensor([1e-3, 2e3])
+    return pred, target
+
+
+@pytest.mark.parametrize('loss_type', LOSS_TYPES)
+@pytest.mark.parametrize('case', THIN)
+def test_thin_boxes_finite_where_upstream_is_not(case, loss_type):
+    pred, target = _thin(case)
+    out, grad = _loss_and_grad(SafeGDLoss(loss_type), pred, target)
+    assert torch.isfinite(out) and torch.isfinite(grad).all()
+    exp, exp_grad = _loss_and_grad(GDLoss(loss_type), pred, target)
+    if loss_type in ('kld', 'jd'):
+        # fp32 Sigma.det() cancels to <= 0: log(det) is NaN
+        assert not (torch.isfinite(exp) and torch.isfinite(exp_grad).all())
+    if case == 'zero_w_pred' and loss_type == 'kld':
+        assert not torch.isfinite(exp_grad).all()  # the gradient, too
+
+
+@pytest.mark.parametrize('loss_type', ['kld', 'jd', 'gwd'])
+def test_thin_box_values_match_float64_upstream(loss_type):
+    """With an aspect ratio of 1e6, float64 still resolves the upstream
+    determinant: it is the independent reference for the fp32 result."""
+    pred, target = _thin('ratio_1e6')
+    out = SafeGDLoss(loss_type, reduction='none')(pred, target)
+    exp = GDLoss(loss_type, reduction='none')(pred.double(), target.double())
+    torch.testing.assert_close(out.double(), exp, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize('dtype', [torch.float16, torch.bfloat16])
+def test_low_precision_and_autocast(dtype):
+    pred, target = _boxes(seed=4)
+    x = pred.to(dtype).requires_grad_()
+    out = SafeGDLoss('kld')(x, target.to(dtype))
+    out.backward()
+    assert out.dtype == torch.float32
+    assert torch.isfinite(out) and torch.isfinite(x.grad).all()
+    exp = GDLoss('kld')(pred.to(dtype).float(), target.to(dtype).float())
+    assert out.item() == pytest.approx(exp.item(), rel=1e-5)
+    with torch.autocast('cpu', dtype=torch.bfloat16):
+        out = SafeGDLoss('gwd')(pred * 10, target * 10)
+    assert out.dtype == torch.float32 and torch.isfinite(out)
+
+
+@pytest.mark.parametrize('reduction', ['none', 'mean', 'sum'])
+def test_empty_and_zero_weight(reduction):
+    x = torch.zeros(0, 5, requires_grad=True)
+    out = SafeGDLoss('kld', reduction=reduction)(x, torch.zeros(0, 5))
+    out.sum().backward()
+    assert torch.isfinite(out).all()
+    pred, target = _boxes(n=4)
+    pred[0, 0] = math.inf
+    x = pred.requires_grad_()
+    out = SafeGDLoss('kld')(x, target, torch.zeros(4))
+    out.backward()
+    assert out.item() == 0 and torch.isfinite(x.grad).all()
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match='loss_type'):
+        SafeGDLoss('kfiou')
+    with pytest.raises(ValueError, match='fun'):
+        SafeGDLoss('kld', fun='exp')
+    with pytest.raises(ValueError, match=r"unknown options \['normalize'\]"):
+        SafeGDLoss('kld', normalize=True)
+    with pytest.raises(ValueError, match=r'\(N, 5\)'):
+        SafeGDLoss('kld')(torch.zeros(2, 4), torch.zeros(2, 4))
+
+
+def test_build_from_config_in_mmrotate_scope():
+    from mmrotate.registry import MODELS
+
+    with DefaultScope.overwrite_default_scope('mmrotate'):
+        for name in ('SafeGDLoss', 'mmnanguard.SafeGDLoss'):
+            loss = MODELS.build(
+                dict(
+                    type=name,
+                    loss_type='kld',
+                    fun='log1p',
+                    tau=1.0,
+                    loss_weight=5.5,
+                )
+            )
+            assert isinstance(loss, SafeGDLoss)
+            assert (loss.loss_type, loss.tau, loss.loss_weight) == (
+                'kld',
+                1.0,
+                5.5,
+            )
