@@ -5,6 +5,7 @@ The configs under ``configs/`` are shipped as package data under
 ``mmnanguard/.mim/configs``, the way OpenMMLab packages ship them, so that
 ``mmnanguard::_base_/nanguard.py`` resolves from any installed copy.
 """
+
 import os
 import os.path as osp
 import shutil
@@ -57,12 +58,22 @@ if __name__ == '__main__':
         license='Apache License 2.0',
         packages=find_packages(exclude=('tests', 'tests.*', 'benchmarks')),
         include_package_data=True,
-        package_data={'mmnanguard': ['.mim/configs/**/*.py',
-                                     '.mim/tools/*.py',
-                                     '.mim/model-index.yml']},
+        package_data={
+            'mmnanguard': [
+                '.mim/configs/**/*.py',
+                '.mim/tools/*.py',
+                '.mim/model-index.yml',
+            ]
+        },
         python_requires='>=3.8',
-        install_requires=['mmengine>=0.10.0,<0.11', 'mmcv>=2.0.0,<2.1.0',
-                          'mmdet>=3.0.0,<3.2.0'],
-        extras_require={'rotate': ['mmrotate==1.0.0rc1'],
-                        'seg': ['mmsegmentation>=1.2.0', 'ftfy', 'regex']},
-        zip_safe=False)
+        install_requires=[
+            'mmengine>=0.10.0,<0.11',
+            'mmcv>=2.0.0,<2.1.0',
+            'mmdet>=3.0.0,<3.2.0',
+        ],
+        extras_require={
+            'rotate': ['mmrotate==1.0.0rc1'],
+            'seg': ['mmsegmentation>=1.2.0', 'ftfy', 'regex'],
+        },
+        zip_safe=False,
+    )

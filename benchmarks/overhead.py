@@ -14,6 +14,7 @@ Usage::
     python benchmarks/overhead.py --rounds 5 --iters 16 --warmup 6 \
         --configs dota coco --modes bare guard_skip --out overhead.json
 """
+
 import argparse
 import json
 import os
@@ -39,8 +40,9 @@ MODES = {
 }
 
 
-def worker(config: str, mode: str, iters: int, data_root: str,
-           work_dir: str) -> dict:
+def worker(
+    config: str, mode: str, iters: int, data_root: str, work_dir: str
+) -> dict:
     """Train ``iters`` iterations in this process and return the timings."""
     import resource
 
@@ -54,18 +56,21 @@ def worker(config: str, mode: str, iters: int, data_root: str,
         load_tiny_config,
     )
     from mmnanguard.testing.module_hooks import install_finiteness_hooks
+
     path = dict(dota=TINY_DOTA_CONFIG, coco=TINY_COCO_CONFIG)[config]
     hooks = []
     if mode == 'check_invalid_loss':
         hooks.append(dict(type='mmdet.CheckInvalidLossHook', interval=1))
     if mode in ('guard_skip', 'guard_full'):
         hooks.append(dict(type='NanGuardHook', policy='skip'))
-    cfg = load_tiny_config(path, work_dir, data_root, max_iters=iters,
-                           custom_hooks=hooks)
+    cfg = load_tiny_config(
+        path, work_dir, data_root, max_iters=iters, custom_hooks=hooks
+    )
     cfg.default_hooks.checkpoint = None
     cfg.default_hooks.logger.interval = 1000
     if mode == 'guard_full':
         from mmnanguard.testing.full_protection import add_full_protection
+
         add_full_protection(cfg)
     if mode == 'anomaly':
         torch.autograd.set_detect_anomaly(True)
@@ -82,13 +87,22 @@ def run_one(config, mode, args, data_roots) -> dict:
     with tempfile.TemporaryDirectory() as work_dir:
         out = osp.join(work_dir, 'result.json')
         cmd = [
-            sys.executable, __file__, '--worker', config, mode,
-            str(args.iters), data_roots[config], work_dir, out
+            sys.executable,
+            __file__,
+            '--worker',
+            config,
+            mode,
+            str(args.iters),
+            data_roots[config],
+            work_dir,
+            out,
         ]
         env = dict(os.environ, PYTHONWARNINGS='ignore')
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
         if proc.returncode != 0:
-            raise RuntimeError(f'{config}/{mode} failed:\n{proc.stderr[-3000:]}')
+            raise RuntimeError(
+                f'{config}/{mode} failed:\n{proc.stderr[-3000:]}'
+            )
         with open(out) as f:
             return json.load(f)
 
@@ -100,12 +114,11 @@ def summarize(results, modes, configs, warmup) -> dict:
         per_round = results[config]
         for mode in modes:
             medians = [
-                statistics.median(r[mode]['times'][warmup:])
-                for r in per_round
+                statistics.median(r[mode]['times'][warmup:]) for r in per_round
             ]
             ratios = [
-                statistics.median(r[mode]['times'][warmup:]) /
-                statistics.median(r['bare']['times'][warmup:])
+                statistics.median(r[mode]['times'][warmup:])
+                / statistics.median(r['bare']['times'][warmup:])
                 for r in per_round
             ]
             summary[config][mode] = dict(
@@ -114,33 +127,48 @@ def summarize(results, modes, configs, warmup) -> dict:
                 ratio_min=min(ratios),
                 ratio_max=max(ratios),
                 measured_iters=sum(
-                    len(r[mode]['times'][warmup:]) for r in per_round),
-                peak_rss_mib=max(r[mode]['peak_rss_mib'] for r in per_round))
+                    len(r[mode]['times'][warmup:]) for r in per_round
+                ),
+                peak_rss_mib=max(r[mode]['peak_rss_mib'] for r in per_round),
+            )
     return summary
 
 
 def print_table(summary) -> None:
-    print(f"{'config':<6} {'mode':<20} {'s/iter':>8} {'ratio':>7} "
-          f"{'min':>7} {'max':>7} {'iters':>6} {'peak RSS MiB':>13}")
+    print(
+        f"{'config':<6} {'mode':<20} {'s/iter':>8} {'ratio':>7} "
+        f"{'min':>7} {'max':>7} {'iters':>6} {'peak RSS MiB':>13}"
+    )
     for config, rows in summary.items():
         for mode, row in rows.items():
-            print(f"{config:<6} {mode:<20} {row['s_per_iter']:>8.4f} "
-                  f"{row['ratio']:>7.3f} {row['ratio_min']:>7.3f} "
-                  f"{row['ratio_max']:>7.3f} {row['measured_iters']:>6d} "
-                  f"{row['peak_rss_mib']:>13.0f}")
+            print(
+                f"{config:<6} {mode:<20} {row['s_per_iter']:>8.4f} "
+                f"{row['ratio']:>7.3f} {row['ratio_min']:>7.3f} "
+                f"{row['ratio_max']:>7.3f} {row['measured_iters']:>6d} "
+                f"{row['peak_rss_mib']:>13.0f}"
+            )
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.
-                                     RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument('--rounds', type=int, default=5)
     parser.add_argument('--iters', type=int, default=16)
     parser.add_argument('--warmup', type=int, default=6)
-    parser.add_argument('--configs', nargs='+', default=['dota', 'coco'],
-                        choices=['dota', 'coco'])
-    parser.add_argument('--modes', nargs='+', default=['bare', 'guard_skip'],
-                        choices=list(MODES))
+    parser.add_argument(
+        '--configs',
+        nargs='+',
+        default=['dota', 'coco'],
+        choices=['dota', 'coco'],
+    )
+    parser.add_argument(
+        '--modes',
+        nargs='+',
+        default=['bare', 'guard_skip'],
+        choices=list(MODES),
+    )
     parser.add_argument('--out', help='write the raw results and summary')
     parser.add_argument('--worker', nargs=6, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -154,28 +182,37 @@ def main() -> int:
         parser.error(f'--warmup {args.warmup} must be < --iters {args.iters}')
     modes = ['bare'] + [m for m in args.modes if m != 'bare']
     from mmnanguard.datagen import generate_coco, generate_dota
+
     data_dir = tempfile.mkdtemp(prefix='nanguard_bench_')
-    data_roots = dict(dota=osp.join(data_dir, 'dota'),
-                      coco=osp.join(data_dir, 'coco'))
+    data_roots = dict(
+        dota=osp.join(data_dir, 'dota'), coco=osp.join(data_dir, 'coco')
+    )
     generate_dota(data_roots['dota'], num_images=8, seed=0)
     generate_coco(data_roots['coco'], num_images=8, seed=0)
     results = {c: [] for c in args.configs}
     start = time.time()
     for round_idx in range(args.rounds):
-        order = modes[round_idx % len(modes):] + modes[:round_idx %
-                                                       len(modes)]
+        order = (
+            modes[round_idx % len(modes) :] + modes[: round_idx % len(modes)]
+        )
         for config in args.configs:
             results[config].append(
-                {m: run_one(config, m, args, data_roots)
-                 for m in order})
-        print(f'round {round_idx + 1}/{args.rounds} done '
-              f'({time.time() - start:.0f} s)', flush=True)
+                {m: run_one(config, m, args, data_roots) for m in order}
+            )
+        print(
+            f'round {round_idx + 1}/{args.rounds} done '
+            f'({time.time() - start:.0f} s)',
+            flush=True,
+        )
     summary = summarize(results, modes, args.configs, args.warmup)
     print_table(summary)
     if args.out:
         with open(args.out, 'w') as f:
-            json.dump(dict(summary=summary, raw=results, args=vars(args)), f,
-                      indent=1)
+            json.dump(
+                dict(summary=summary, raw=results, args=vars(args)),
+                f,
+                indent=1,
+            )
     return 0
 
 

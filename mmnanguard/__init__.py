@@ -4,6 +4,7 @@
 Importing the package first applies the compatibility mends of the pinned
 stack (:mod:`mmnanguard.compat`), then registers every module.
 """
+
 from . import compat  # noqa: F401  (must precede any mmrotate import)
 from .version import __version__, version_info
 

@@ -13,6 +13,7 @@ script sees the stack mended, every mmnanguard module registered and
 Example:
     python -m mmnanguard $(python -c "import mmrotate, os; print(os.path.dirname(mmrotate.__file__))")/.mim/tools/train.py CONFIG
 """  # noqa: E501
+
 import os.path as osp
 import runpy
 import sys
@@ -36,8 +37,11 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 0 if argv else 2
     script = argv[0]
     if not osp.isfile(script):
-        print(f'python -m mmnanguard: script {script!r} does not exist\n'
-              f'{USAGE}', file=sys.stderr)
+        print(
+            f'python -m mmnanguard: script {script!r} does not exist\n'
+            f'{USAGE}',
+            file=sys.stderr,
+        )
         return 2
     sys.argv = list(argv)
     sys.path[0] = osp.dirname(osp.abspath(script))

@@ -13,6 +13,7 @@ registered with :func:`register_shared`: in the mmnanguard child registry
 (reachable as ``mmnanguard.NAME``) and in the root (reachable from every
 downstream scope by ``NAME``).
 """
+
 from typing import Callable, Type
 
 from mmengine.registry import HOOKS as MMENGINE_HOOKS
@@ -25,28 +26,34 @@ from mmengine.registry import Registry
 
 # Hooks: NanGuardHook, AmpScaleMonitorHook, ...
 HOOKS = Registry(
-    'hook', parent=MMENGINE_HOOKS, locations=['mmnanguard.engine.hooks'])
+    'hook', parent=MMENGINE_HOOKS, locations=['mmnanguard.engine.hooks']
+)
 # Runners that add the guard to any config (``runner_type``).
 RUNNERS = Registry(
-    'runner', parent=MMENGINE_RUNNERS, locations=['mmnanguard.engine.runner'])
+    'runner', parent=MMENGINE_RUNNERS, locations=['mmnanguard.engine.runner']
+)
 # Optimizer wrappers (CPU-capable AMP for tests).
 OPTIM_WRAPPERS = Registry(
     'optim_wrapper',
     parent=MMENGINE_OPTIM_WRAPPERS,
-    locations=['mmnanguard.engine.optimizers'])
+    locations=['mmnanguard.engine.optimizers'],
+)
 # Numerically safe losses.
 MODELS = Registry(
-    'model', parent=MMENGINE_MODELS, locations=['mmnanguard.models'])
+    'model', parent=MMENGINE_MODELS, locations=['mmnanguard.models']
+)
 # Box and angle coders.
 TASK_UTILS = Registry(
     'task util',
     parent=MMENGINE_TASK_UTILS,
-    locations=['mmnanguard.models.task_modules'])
+    locations=['mmnanguard.models.task_modules'],
+)
 # Data transforms (annotation validation).
 TRANSFORMS = Registry(
     'transform',
     parent=MMENGINE_TRANSFORMS,
-    locations=['mmnanguard.datasets.transforms'])
+    locations=['mmnanguard.datasets.transforms'],
+)
 
 
 def register_shared(registry: Registry) -> Callable[[Type], Type]:

@@ -1,5 +1,6 @@
 # Copyright (c) mmnanguard contributors. All rights reserved.
 """Shared fixtures: generated tiny datasets (once per session)."""
+
 import pytest
 
 import mmnanguard  # noqa: F401  (applies the stack mends first)
@@ -27,6 +28,7 @@ def tiny_cityscapes_root(tmp_path_factory):
     """A generated 4-image Cityscapes-format folder (``train``, 256x128,
     train ids 0..18 and 255 regions, no stray values)."""
     from mmnanguard.datagen import generate_cityscapes
+
     root = tmp_path_factory.mktemp('tiny_cityscapes')
     generate_cityscapes(str(root), num_images=4, seed=0)
     return str(root)

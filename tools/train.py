@@ -21,6 +21,7 @@ an annotation check (one paragraph on stderr, the report path in it).
 Example:
     python tools/train.py configs/tiny/rotated-retinanet-rbox-le90_r18_tiny-dota.py --guard skip
 """  # noqa: E501
+
 import argparse
 import os
 import os.path as osp
@@ -39,52 +40,62 @@ def positive_int(text: str) -> int:
         value = 0
     if value < 1:
         raise argparse.ArgumentTypeError(
-            f'{text!r} is invalid; expected an integer >= 1')
+            f'{text!r} is invalid; expected an integer >= 1'
+        )
     return value
 
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     """Parse the command line (``--guard`` values checked here)."""
     from mmengine.config import DictAction
+
     parser = argparse.ArgumentParser(
-        description='Train a detector or segmentor with mmnanguard')
+        description='Train a detector or segmentor with mmnanguard'
+    )
     parser.add_argument('config', help='train config file path')
     parser.add_argument('--work-dir', help='the dir to save logs and models')
     parser.add_argument(
         '--amp',
         action='store_true',
-        help='automatic mixed precision (CPUAmpOptimWrapper without a GPU)')
+        help='automatic mixed precision (CPUAmpOptimWrapper without a GPU)',
+    )
     parser.add_argument(
         '--auto-scale-lr',
         action='store_true',
-        help='enable automatically scaling LR')
+        help='enable automatically scaling LR',
+    )
     parser.add_argument(
         '--resume',
         nargs='?',
         type=str,
         const='auto',
         help='resume from CKPT, or without CKPT from the latest checkpoint '
-        'in the work dir')
+        'in the work dir',
+    )
     parser.add_argument(
         '--cfg-options',
         nargs='+',
         action=DictAction,
-        help='override settings of the config, key=value pairs')
+        help='override settings of the config, key=value pairs',
+    )
     parser.add_argument(
         '--launcher',
         choices=['none', 'pytorch', 'slurm', 'mpi'],
         default='none',
-        help='job launcher')
+        help='job launcher',
+    )
     parser.add_argument(
         '--guard',
         choices=GUARD_CHOICES,
-        help='protection policy for any config; default: as configured')
+        help='protection policy for any config; default: as configured',
+    )
     parser.add_argument(
         '--smoke-test',
         type=positive_int,
         metavar='N',
         help='run N iterations, print loss terms and grad norm, exit 1 on '
-        'any non-finite value')
+        'any non-finite value',
+    )
     parser.add_argument('--local_rank', '--local-rank', type=int, default=0)
     args = parser.parse_args(argv)
     if not osp.isfile(args.config):
@@ -105,6 +116,7 @@ def build_config(args: argparse.Namespace):
     from mmengine.config import Config
 
     from mmnanguard.engine.runner import train_options as opts
+
     cfg = Config.fromfile(args.config)
     cfg.launcher = args.launcher
     if args.cfg_options is not None:
@@ -112,15 +124,18 @@ def build_config(args: argparse.Namespace):
     if args.work_dir is not None:
         cfg.work_dir = args.work_dir
     elif cfg.get('work_dir') is None:
-        cfg.work_dir = osp.join('./work_dirs',
-                                osp.splitext(osp.basename(args.config))[0])
+        cfg.work_dir = osp.join(
+            './work_dirs', osp.splitext(osp.basename(args.config))[0]
+        )
     notes = [opts.apply_guard_option(cfg, args.guard)]
     if args.amp:
         notes.append(opts.apply_amp_option(cfg))
     if args.auto_scale_lr:
         if 'base_batch_size' not in (cfg.get('auto_scale_lr') or {}):
-            raise ValueError('--auto-scale-lr needs auto_scale_lr.'
-                             'base_batch_size in the config')
+            raise ValueError(
+                '--auto-scale-lr needs auto_scale_lr.'
+                'base_batch_size in the config'
+            )
         cfg.auto_scale_lr.enable = True
     if args.resume == 'auto':
         cfg.resume, cfg.load_from = True, None
@@ -136,21 +151,30 @@ def build_config(args: argparse.Namespace):
 def main(argv: Optional[List[str]] = None) -> int:
     """Train; return the exit status (see the module docstring)."""
     args = parse_args(argv)
-    import mmnanguard  # noqa: F401  (stack mends before mmrotate.models)
     from mmengine.logging import print_log
     from mmengine.registry import RUNNERS
     from mmengine.runner import Runner
 
+    import mmnanguard  # noqa: F401  (stack mends before mmrotate.models)
     from mmnanguard.compat.cpu_distributed import prepare_cpu_distributed
     from mmnanguard.datasets import InvalidAnnotationError
     from mmnanguard.engine import NonFiniteTrainingError
     from mmnanguard.engine.runner import train_options as opts
+
     try:
         cfg, notes = build_config(args)
-    except (ValueError, TypeError, KeyError, FileNotFoundError,
-            SyntaxError) as err:
-        return fail(f'invalid configuration {args.config!r}: '
-                    f'{type(err).__name__}: {err}', EXIT_USAGE)
+    except (
+        ValueError,
+        TypeError,
+        KeyError,
+        FileNotFoundError,
+        SyntaxError,
+    ) as err:
+        return fail(
+            f'invalid configuration {args.config!r}: '
+            f'{type(err).__name__}: {err}',
+            EXIT_USAGE,
+        )
     prepare_cpu_distributed(cfg, args.launcher)
     if 'runner_type' in cfg:
         runner = RUNNERS.build(cfg)
@@ -162,7 +186,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     except (NonFiniteTrainingError, InvalidAnnotationError) as err:
         return fail(
             f'{type(err).__name__}: {err} Training stopped; the log and the '
-            f'incident reports are under {cfg.work_dir}.', EXIT_STOPPED)
+            f'incident reports are under {cfg.work_dir}.',
+            EXIT_STOPPED,
+        )
     if args.smoke_test:
         lines, ok = opts.smoke_test_rows(runner)
         print('\n'.join(['smoke test:'] + lines), flush=True)
@@ -170,9 +196,14 @@ def main(argv: Optional[List[str]] = None) -> int:
             return fail(
                 f'smoke test failed: a non-finite loss term or grad norm '
                 f'in {args.smoke_test} iterations (see above and '
-                f'{osp.join(cfg.work_dir, "nanguard")}).', EXIT_SMOKE_FAILED)
-        print(f'smoke test passed: {args.smoke_test} iterations, every loss '
-              'term and grad norm finite', flush=True)
+                f'{osp.join(cfg.work_dir, "nanguard")}).',
+                EXIT_SMOKE_FAILED,
+            )
+        print(
+            f'smoke test passed: {args.smoke_test} iterations, every loss '
+            'term and grad norm finite',
+            flush=True,
+        )
     return 0
 
 

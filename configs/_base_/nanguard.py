@@ -16,8 +16,12 @@ nanguard = dict(
     snapshot_interval=50,
     lr_backoff=0.5,
     max_rollbacks=3,
-    # more protection hooks, one per line (when='amp': AMP optim wrappers)
-    hooks=[],
+    # more protection hooks, one per line (when='amp': AMP optim wrappers
+    # only); each is added unless the config already has one of its type
+    hooks=[
+        dict(type='AmpScaleMonitorHook', when='amp'),  # loss-scale collapse
+        dict(type='NanDiagnosisHook'),  # replay + cause of the 1st incident
+    ],
     # CheckedCrossEntropyLoss for every CrossEntropyLoss: a label outside
     # [0, num_classes) (e.g. Cityscapes 255) raises an error naming it
     check_labels=True,

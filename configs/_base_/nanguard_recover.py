@@ -8,4 +8,5 @@ nanguard = dict(
     lr_backoff=0.5,
     max_rollbacks=3,
     snapshot_interval=50,
-    rollback_source='memory')
+    rollback_source='memory',
+)

@@ -1,11 +1,11 @@
 # The README main job (`make demo`, tools/demo.py): mmrotate's rotated
 # RetinaNet (unmodified upstream config, shrunk for the CPU) with
 # mmnanguard's protection added by one `_base_` entry, and one injected
-# numerical fault: a NaN gradient at iteration 5 (0-based). The broken
+# numerical fault: a NaN gradient at iteration 6 (0-based). The broken
 # annotation comes from the generated data (tools/demo.py plants it).
 _base_ = [
     '../tiny/rotated-retinanet-rbox-le90_r18_tiny-dota.py',
     'mmnanguard::_base_/nanguard.py',
 ]
 
-custom_hooks = [dict(type='FaultInjectionHook', fault='nan_grad', iteration=5)]
+custom_hooks = [dict(type='FaultInjectionHook', fault='nan_grad', iteration=6)]

@@ -1,7 +1,9 @@
 # The unmodified mmrotate rotated RTMDet-tiny DOTA config (it has
 # custom_hooks with an EMAHook), shrunk to train on the CPU: no pretrained
 # download, BN instead of SyncBN, 256 px images from a generated DOTA-format
-# folder (see mmnanguard.datagen).
+# folder (see mmnanguard.datagen). mmcv 2.0.1's diff_iou_rotated, behind
+# mmrotate's RotatedIoULoss, has no CPU kernel: the pure-torch
+# SafeRotatedIoULoss (mmnanguard, same IoU and mode) stands in for it.
 _base_ = 'mmrotate::rotated_rtmdet/rotated_rtmdet_tiny-3x-dota.py'
 
 data_root = 'data/tiny_dota/'
@@ -11,7 +13,13 @@ norm_cfg = dict(type='BN')
 model = dict(
     backbone=dict(init_cfg=None, norm_cfg=norm_cfg),
     neck=dict(norm_cfg=norm_cfg),
-    bbox_head=dict(norm_cfg=norm_cfg))
+    bbox_head=dict(
+        norm_cfg=norm_cfg,
+        loss_bbox=dict(
+            type='SafeRotatedIoULoss', mode='linear', loss_weight=2.0
+        ),
+    ),
+)
 
 train_pipeline = [
     dict(type='mmdet.LoadImageFromFile', backend_args=None),
@@ -21,16 +29,19 @@ train_pipeline = [
     dict(
         type='mmdet.RandomFlip',
         prob=0.75,
-        direction=['horizontal', 'vertical', 'diagonal']),
+        direction=['horizontal', 'vertical', 'diagonal'],
+    ),
     dict(type='mmdet.Pad', size=img_scale, pad_val=dict(img=(114, 114, 114))),
-    dict(type='mmdet.PackDetInputs')
+    dict(type='mmdet.PackDetInputs'),
 ]
 train_dataloader = dict(
     batch_size=2,
     num_workers=0,
     persistent_workers=False,
     dataset=dict(
-        data_root=data_root, img_shape=img_scale, pipeline=train_pipeline))
+        data_root=data_root, img_shape=img_scale, pipeline=train_pipeline
+    ),
+)
 
 train_cfg = dict(max_epochs=2, val_interval=100)
 val_cfg = None
@@ -40,7 +51,6 @@ test_cfg = None
 test_dataloader = None
 test_evaluator = None
 
-default_hooks = dict(
-    logger=dict(interval=1), visualization=dict(draw=False))
+default_hooks = dict(logger=dict(interval=1), visualization=dict(draw=False))
 log_processor = dict(window_size=1)
 randomness = dict(seed=0)

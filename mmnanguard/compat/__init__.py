@@ -14,6 +14,7 @@ mend                                   needed by
 :mod:`.cpu_distributed` (on demand)    mmengine <= 0.10.7, CPU-only torch
 =====================================  =====================================
 """
+
 from typing import Dict
 
 from . import checkpoint_allowlist, collections_sequence, mim_config_scope

@@ -15,6 +15,7 @@ local-file loader is re-registered so that the refusal names the file and
 the offending globals (:class:`UntrustedCheckpointError`) instead of a bare
 ``UnpicklingError``. It can go once mmengine loads with an allowlist itself.
 """
+
 import os.path as osp
 import pickle
 from typing import Callable, List
@@ -59,7 +60,8 @@ def mmengine_checkpoint_globals() -> List[Callable]:
     dtypes = getattr(np, 'dtypes', None)
     if dtypes is not None:
         found += [
-            getattr(dtypes, name) for name in dir(dtypes)
+            getattr(dtypes, name)
+            for name in dir(dtypes)
             if name.endswith('DType')
         ]
     return found
@@ -67,8 +69,9 @@ def mmengine_checkpoint_globals() -> List[Callable]:
 
 def is_needed() -> bool:
     """Whether torch defaults to ``weights_only=True`` (torch >= 2.6)."""
-    return (digit_version(torch.__version__) >= digit_version('2.6.0')
-            and hasattr(torch.serialization, 'add_safe_globals'))
+    return digit_version(torch.__version__) >= digit_version(
+        '2.6.0'
+    ) and hasattr(torch.serialization, 'add_safe_globals')
 
 
 def load_from_local(filename: str, map_location=None) -> dict:
@@ -97,7 +100,8 @@ def load_from_local(filename: str, map_location=None) -> dict:
             f'({unsafe_globals(filename)}). mmnanguard allows only what '
             'mmengine checkpoints hold. If you trust this file, load it '
             'yourself with torch.load(..., weights_only=False) and save '
-            'its tensors again.') from err
+            'its tensors again.'
+        ) from err
 
 
 def unsafe_globals(filename: str) -> List[str]:
@@ -106,8 +110,10 @@ def unsafe_globals(filename: str) -> List[str]:
         found = torch.serialization.get_unsafe_globals_in_checkpoint(filename)
     except Exception as err:  # a corrupt file: say so instead of the list
         return [f'<unreadable: {err}>']
-    allowed = {f'{g.__module__}.{g.__qualname__}'
-               for g in mmengine_checkpoint_globals()}
+    allowed = {
+        f'{g.__module__}.{g.__qualname__}'
+        for g in mmengine_checkpoint_globals()
+    }
     return [name for name in found if name not in allowed]
 
 
@@ -121,5 +127,6 @@ def apply() -> bool:
         return False
     torch.serialization.add_safe_globals(mmengine_checkpoint_globals())
     CheckpointLoader.register_scheme(
-        prefixes='', loader=load_from_local, force=True)
+        prefixes='', loader=load_from_local, force=True
+    )
     return True

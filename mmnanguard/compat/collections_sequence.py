@@ -9,6 +9,7 @@ The mend restores that one alias, pointing at :class:`collections.abc.Sequence`
 (the object the old alias pointed at). It can go once mmrotate ships a
 release newer than 1.0.0rc1.
 """
+
 import collections
 import collections.abc
 import sys

@@ -12,6 +12,7 @@ with gloo from torchrun's environment variables *before* the Runner is built
 unless the config already has a ``model_wrapper_cfg``. It is called by
 ``tools/train.py --launcher pytorch`` and by the DDP tests.
 """
+
 import os
 
 import torch
@@ -45,15 +46,20 @@ def prepare_cpu_distributed(cfg: Config, launcher: str) -> bool:
     """
     if not is_needed(launcher):
         return False
-    missing = [k for k in ('RANK', 'WORLD_SIZE', 'MASTER_ADDR', 'MASTER_PORT')
-               if k not in os.environ]
+    missing = [
+        k
+        for k in ('RANK', 'WORLD_SIZE', 'MASTER_ADDR', 'MASTER_PORT')
+        if k not in os.environ
+    ]
     if missing:
         raise RuntimeError(
             f'--launcher pytorch needs the environment variables {missing}; '
-            'start the script with `torchrun --nproc_per_node N ...`.')
+            'start the script with `torchrun --nproc_per_node N ...`.'
+        )
     if not torch_dist.is_initialized():
         torch_dist.init_process_group(backend='gloo')
     if cfg.get('model_wrapper_cfg') is None:
         cfg.model_wrapper_cfg = dict(
-            type='MMDistributedDataParallel', device_ids=None)
+            type='MMDistributedDataParallel', device_ids=None
+        )
     return True

@@ -16,6 +16,7 @@ import system finds for the package. Paths that exist are returned
 unchanged. It can go once mmengine lets packages register a config scope
 and handles editable installs.
 """
+
 import importlib.util
 import os.path as osp
 from typing import Callable
@@ -27,7 +28,6 @@ SCOPE = 'mmnanguard'
 
 
 def _with_import_fallback(get_installed_path: Callable[[str], str]):
-
     def resolve(package: str) -> str:
         path = get_installed_path(package)
         if osp.isdir(path):
@@ -43,8 +43,9 @@ def _with_import_fallback(get_installed_path: Callable[[str], str]):
 
 def is_needed() -> bool:
     """Whether mmengine lacks the scope or the editable-install fallback."""
-    return (SCOPE not in config_utils.MODULE2PACKAGE or not getattr(
-        mmengine_config.get_installed_path, '_nanguard_mend', False))
+    return SCOPE not in config_utils.MODULE2PACKAGE or not getattr(
+        mmengine_config.get_installed_path, '_nanguard_mend', False
+    )
 
 
 def apply() -> bool:
@@ -56,8 +57,10 @@ def apply() -> bool:
     if not is_needed():
         return False
     config_utils.MODULE2PACKAGE.setdefault(SCOPE, SCOPE)
-    if not getattr(mmengine_config.get_installed_path, '_nanguard_mend',
-                   False):
+    if not getattr(
+        mmengine_config.get_installed_path, '_nanguard_mend', False
+    ):
         mmengine_config.get_installed_path = _with_import_fallback(
-            mmengine_config.get_installed_path)
+            mmengine_config.get_installed_path
+        )
     return True

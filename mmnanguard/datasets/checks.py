@@ -306,11 +306,10 @@ def check_rboxes(
                 f'{sorted(ANGLE_RANGES)}, got {angle_version!r}'
             )
         low, high = ANGLE_RANGES[angle_version]
-        # non-finite rows give NaN here and fail no comparison
-        with np.errstate(invalid='ignore'):
+        with np.errstate(invalid='ignore'):  # non-finite rows: see above
             reg = regularize_rboxes(boxes, angle_version)
         t = reg[:, 2]
-        bad = (t <= low + angle_tol) | (t >= high - angle_tol)
+        bad = finite & ((t <= low + angle_tol) | (t >= high - angle_tol))
         out += _row_violations(
             'rbox_angle',
             bad,

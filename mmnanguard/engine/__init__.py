@@ -1,9 +1,13 @@
 # Copyright (c) mmnanguard contributors. All rights reserved.
 from . import hooks, optimizers, runner  # noqa: F401
-from .guard import (AmpScaleCollapseError, NonFiniteTrainingError,
-                    PoisonedCheckpointError)
+from .guard import (
+    AmpScaleCollapseError,
+    NonFiniteTrainingError,
+    PoisonedCheckpointError,
+)
 
 __all__ = [
-    'AmpScaleCollapseError', 'NonFiniteTrainingError',
-    'PoisonedCheckpointError'
+    'AmpScaleCollapseError',
+    'NonFiniteTrainingError',
+    'PoisonedCheckpointError',
 ]

@@ -5,6 +5,7 @@ This is what users are told to do today (a forward hook and an
 output-gradient hook that check every module, every iteration). The
 overhead benchmark measures it as a baseline.
 """
+
 from typing import Any, List
 
 import torch

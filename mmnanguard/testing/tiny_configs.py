@@ -1,5 +1,6 @@
 # Copyright (c) mmnanguard contributors. All rights reserved.
 """Load the tiny real configs of ``configs/tiny`` against generated data."""
+
 import os.path as osp
 import uuid
 from typing import Any, Optional
@@ -8,17 +9,24 @@ import torch
 from mmengine.config import Config
 
 REPO_ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
-TINY_DOTA_CONFIG = osp.join(REPO_ROOT, 'configs', 'tiny',
-                            'rotated-retinanet-rbox-le90_r18_tiny-dota.py')
-TINY_COCO_CONFIG = osp.join(REPO_ROOT, 'configs', 'tiny',
-                            'retinanet_r18_fpn_tiny-coco.py')
+TINY_DOTA_CONFIG = osp.join(
+    REPO_ROOT,
+    'configs',
+    'tiny',
+    'rotated-retinanet-rbox-le90_r18_tiny-dota.py',
+)
+TINY_COCO_CONFIG = osp.join(
+    REPO_ROOT, 'configs', 'tiny', 'retinanet_r18_fpn_tiny-coco.py'
+)
 
 
-def load_tiny_config(path: str,
-                     work_dir: str,
-                     data_root: str,
-                     max_iters: Optional[int] = None,
-                     **overrides: Any) -> Config:
+def load_tiny_config(
+    path: str,
+    work_dir: str,
+    data_root: str,
+    max_iters: Optional[int] = None,
+    **overrides: Any,
+) -> Config:
     """Load a tiny config, pointed at ``data_root`` and ``work_dir``.
 
     Args:
@@ -42,9 +50,11 @@ def load_tiny_config(path: str,
     cfg.train_dataloader.dataset.data_root = osp.join(data_root, '')
     if max_iters is not None:
         cfg.train_cfg = dict(
-            type='IterBasedTrainLoop', max_iters=max_iters, val_interval=10**9)
+            type='IterBasedTrainLoop', max_iters=max_iters, val_interval=10**9
+        )
         cfg.default_hooks.checkpoint = dict(
-            type='CheckpointHook', interval=max_iters, by_epoch=False)
+            type='CheckpointHook', interval=max_iters, by_epoch=False
+        )
         cfg.log_processor.by_epoch = False
         for scheduler in cfg.param_scheduler:
             scheduler.by_epoch = False

@@ -4,6 +4,7 @@
 The honest scope of these is the optimizer-wrapper and hook machinery;
 the real mmdet/mmrotate configs are exercised elsewhere.
 """
+
 import uuid
 from typing import Any, Dict, Optional
 
@@ -20,7 +21,7 @@ class ToyDataset(Dataset):
         gen = torch.Generator().manual_seed(seed)
         self.inputs = torch.randn(n, 4, generator=gen)
         self.labels = self.inputs.sum(1, keepdim=True) * 0.5
-        self.metainfo = dict(classes=('toy', ))
+        self.metainfo = dict(classes=('toy',))
 
     def __len__(self) -> int:
         return len(self.inputs)
@@ -49,8 +50,9 @@ class ToyModel(BaseModel):
             return pred_a
         labels = labels.to(pred_a.dtype)
         return dict(
-            loss_a=((pred_a - labels)**2).mean(),
-            loss_b=((pred_b - labels)**2).mean())
+            loss_a=((pred_a - labels) ** 2).mean(),
+            loss_b=((pred_b - labels) ** 2).mean(),
+        )
 
 
 class TwoOptimizerToyModel(ToyModel):
@@ -66,12 +68,14 @@ class TwoOptimizerToyModel(ToyModel):
         return log_vars
 
 
-def toy_runner_cfg(work_dir: str,
-                   max_iters: int = 6,
-                   custom_hooks: Optional[list] = None,
-                   optim_wrapper: Optional[dict] = None,
-                   model: Optional[nn.Module] = None,
-                   **kwargs: Any) -> Dict[str, Any]:
+def toy_runner_cfg(
+    work_dir: str,
+    max_iters: int = 6,
+    custom_hooks: Optional[list] = None,
+    optim_wrapper: Optional[dict] = None,
+    model: Optional[nn.Module] = None,
+    **kwargs: Any,
+) -> Dict[str, Any]:
     """Keyword arguments of ``Runner(...)`` for a toy iteration-based run."""
     cfg = dict(
         model=model if model is not None else ToyModel(),
@@ -81,20 +85,24 @@ def toy_runner_cfg(work_dir: str,
             sampler=dict(type='DefaultSampler', shuffle=False),
             collate_fn=dict(type='default_collate'),
             batch_size=2,
-            num_workers=0),
-        optim_wrapper=optim_wrapper or dict(
+            num_workers=0,
+        ),
+        optim_wrapper=optim_wrapper
+        or dict(
             type='OptimWrapper',
-            optimizer=dict(type='SGD', lr=0.01, momentum=0.9)),
+            optimizer=dict(type='SGD', lr=0.01, momentum=0.9),
+        ),
         train_cfg=dict(by_epoch=False, max_iters=max_iters),
         default_hooks=dict(
             logger=dict(type='LoggerHook', interval=1),
-            checkpoint=dict(
-                type='CheckpointHook', interval=2, by_epoch=False)),
+            checkpoint=dict(type='CheckpointHook', interval=2, by_epoch=False),
+        ),
         custom_hooks=custom_hooks or [],
         log_processor=dict(by_epoch=False, window_size=1),
         randomness=dict(seed=0),
         default_scope='mmengine',
         # unique: mmengine reuses a Visualizer/logger of the same name
-        experiment_name=f'toy_{uuid.uuid4().hex[:12]}')
+        experiment_name=f'toy_{uuid.uuid4().hex[:12]}',
+    )
     cfg.update(kwargs)
     return cfg

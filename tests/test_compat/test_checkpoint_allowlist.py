@@ -30,7 +30,8 @@ def _mmengine_like_checkpoint():
         meta=dict(iter=3, epoch=1, seed=7),
         state_dict=collections.OrderedDict(w=torch.ones(2)),
         message_hub=hub.state_dict(),
-        optimizer=dict(state={}, param_groups=[dict(lr=0.1, params=[0])]))
+        optimizer=dict(state={}, param_groups=[dict(lr=0.1, params=[0])]),
+    )
 
 
 def test_applied_on_this_stack():
@@ -51,10 +52,13 @@ def test_mmengine_checkpoint_loads_with_weights_only(tmp_path):
     assert torch.equal(ckpt['state_dict']['w'], torch.ones(2))
 
 
-@pytest.mark.parametrize('payload, name', [
-    (_Payload(), 'posix.system'),
-    (Stranger(), 'Stranger'),
-])
+@pytest.mark.parametrize(
+    'payload, name',
+    [
+        (_Payload(), 'posix.system'),
+        (Stranger(), 'Stranger'),
+    ],
+)
 def test_foreign_object_is_refused(tmp_path, payload, name):
     path = str(tmp_path / 'evil.pth')
     ckpt = _mmengine_like_checkpoint()

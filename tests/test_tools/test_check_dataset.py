@@ -120,6 +120,27 @@ def test_dota_augment_repeats_reports_after_augmentation(
         }
 
 
+def test_planting_leaves_the_other_lines_as_they_were(broken_dota, tmp_path):
+    """``broken=`` only inserts lines: removing them gives the files that
+    the same call without ``broken`` writes."""
+    _, written = broken_dota
+    plain = generate_dota(str(tmp_path / 'plain'), num_images=8, seed=0)
+    assert plain['broken'] == []
+    planted = {(b['annfile'], b['line']) for b in written['broken']}
+    for ours, theirs in zip(written['annfiles'], plain['annfiles']):
+        with open(ours) as f:
+            lines = [
+                line
+                for n, line in enumerate(f.read().splitlines(), start=1)
+                if (ours, n) not in planted
+            ]
+        with open(theirs) as f:
+            assert lines == f.read().splitlines()
+    for ours, theirs in zip(written['images'], plain['images']):
+        with open(ours, 'rb') as a, open(theirs, 'rb') as b:
+            assert a.read() == b.read()
+
+
 def test_dota_clean_folder_exit_zero(tool, tiny_dota_root, tmp_path):
     code, report = run(tool, tmp_path, TINY_DOTA_CONFIG, tiny_dota_root)
     assert code == 0

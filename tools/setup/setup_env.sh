@@ -40,7 +40,7 @@ fi
 
 step "create virtual environment $VENV with $PYTHON"
 [[ -x "$VENV/bin/python" ]] || "$PYTHON" -m venv "$VENV"
-PY="$VENV/bin/python"
+PY="$(cd "$VENV" && pwd)/bin/python"
 PIP=("$PY" -m pip --disable-pip-version-check -q)
 
 step "install torch (an already installed torch is kept)"
@@ -69,7 +69,7 @@ if ! ls "$WHEEL_DIR"/mmcv-"$MMCV_VERSION"-*.whl >/dev/null 2>&1; then
     mkdir -p "$WHEEL_DIR"
     (cd "$BUILD/mmcv-$MMCV_VERSION" && \
         MAX_JOBS="${MAX_JOBS:-$(nproc)}" MMCV_WITH_OPS=1 FORCE_CUDA="${FORCE_CUDA:-0}" \
-        "$ROOT/$PY" -m pip --disable-pip-version-check -q wheel --no-deps \
+        "$PY" -m pip --disable-pip-version-check -q wheel --no-deps \
             --no-build-isolation . -w "$BUILD/out")
     mv "$BUILD"/out/mmcv-*.whl "$WHEEL_DIR/"
     rm -rf "$BUILD"

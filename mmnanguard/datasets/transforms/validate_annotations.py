@@ -121,7 +121,11 @@ class ValidateAnnotations(BaseTransform):
     boxes) and before the ``Pack*Inputs`` transform. The checks are those of
     :mod:`mmnanguard.datasets.checks`: finite image; horizontal boxes finite
     with ``w, h > min_size``; ``RotatedBoxes`` finite with ``w, h >
-    min_size`` and the angle strictly inside the ``angle_version`` range;
+    min_size`` and the angle strictly inside the ``angle_version`` range,
+    taken in that version's representation as mmrotate's coders regularize
+    it (a ``le90`` box whose long side is exactly vertical sits on the
+    ``-pi/2 = pi/2`` boundary and fails; see
+    :func:`~mmnanguard.datasets.checks.angle_violations`);
     ``QuadriBoxes`` finite with area ``> min_size ** 2``; labels in
     ``[0, num_classes)``; segmentation values in ``[0, num_classes)`` or
     ``ignore_index``.
@@ -136,7 +140,8 @@ class ValidateAnnotations(BaseTransform):
       logged as a warning through the current ``MMLogger`` (so it reaches
       the runner's text log) with the file, the checks and the running
       totals :attr:`num_dropped_instances`, :attr:`num_masked_pixels`,
-      :attr:`num_dropped_samples`.
+      :attr:`num_dropped_samples` (per process: each dataloader worker
+      counts its own samples).
     - ``'raise'``: raise :class:`InvalidAnnotationError` naming the file,
       the instance indices, the bad values and the failed checks.
     - ``'warn'``: log the same message as a warning and keep the sample

@@ -1,5 +1,6 @@
 # Copyright (c) mmnanguard contributors. All rights reserved.
 """Diagnosis of incidents: replay, data checks, classification, reports."""
+
 from .batch_checks import check_batch, model_classes
 from .classify import CAUSES, classify
 from .diagnose import diagnose, write_diagnosis
@@ -11,8 +12,20 @@ from .report_md import render_markdown, verdict_lines
 from .timeline import write_timeline
 
 __all__ = [
-    'check_batch', 'model_classes', 'CAUSES', 'classify', 'diagnose',
-    'write_diagnosis', 'NotAnIncidentError', 'load_incident',
-    'ActivationProbe', 'ReplayResult', 'replay_batch', 'amp_settings',
-    'replay_model', 'render_markdown', 'verdict_lines', 'write_timeline'
+    'check_batch',
+    'model_classes',
+    'CAUSES',
+    'classify',
+    'diagnose',
+    'write_diagnosis',
+    'NotAnIncidentError',
+    'load_incident',
+    'ActivationProbe',
+    'ReplayResult',
+    'replay_batch',
+    'amp_settings',
+    'replay_model',
+    'render_markdown',
+    'verdict_lines',
+    'write_timeline',
 ]

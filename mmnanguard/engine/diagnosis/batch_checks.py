@@ -7,14 +7,19 @@ module applies them to a batch as the model received it (``inputs`` and
 ``data_samples``) and names the file, the instance and, for DOTA annfiles,
 the line each problem comes from.
 """
+
 import os.path as osp
 from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 from torch import nn
 
-from mmnanguard.datasets.checks import (check_boxes, check_image,
-                                        check_labels, check_seg_map)
+from mmnanguard.datasets.checks import (
+    check_boxes,
+    check_image,
+    check_labels,
+    check_seg_map,
+)
 from mmnanguard.datasets.dota_annfile import parse_dota_annfile
 
 
@@ -49,8 +54,9 @@ def dota_annfile_of(img_path: Optional[str]) -> Optional[str]:
     return path if osp.isfile(path) else None
 
 
-def annfile_line(annfile: str, index: int, num_instances: int,
-                 classes: Optional[Any] = None) -> Optional[int]:
+def annfile_line(
+    annfile: str, index: int, num_instances: int, classes: Optional[Any] = None
+) -> Optional[int]:
     """The 1-based line of instance ``index`` in a DOTA annfile.
 
     Instances reach the model in annfile order, minus the ``difficulty``-
@@ -78,8 +84,9 @@ def annfile_line(annfile: str, index: int, num_instances: int,
     return kept[index]
 
 
-def _finding(sample: int, source: Dict[str, Any], violation,
-             stage: str) -> Dict[str, Any]:
+def _finding(
+    sample: int, source: Dict[str, Any], violation, stage: str
+) -> Dict[str, Any]:
     found = violation.to_dict()
     found.update(sample=sample, stage=stage, **source)
     return found
@@ -90,13 +97,16 @@ def _sample_source(sample: Any) -> Dict[str, Any]:
     return dict(
         img_path=meta.get('img_path'),
         img_id=meta.get('img_id'),
-        seg_map_path=meta.get('seg_map_path'))
+        seg_map_path=meta.get('seg_map_path'),
+    )
 
 
-def check_batch(data_batch: Any,
-                preprocessed: Optional[Any] = None,
-                num_classes: Optional[int] = None,
-                ignore_index: int = 255) -> List[Dict[str, Any]]:
+def check_batch(
+    data_batch: Any,
+    preprocessed: Optional[Any] = None,
+    num_classes: Optional[int] = None,
+    ignore_index: int = 255,
+) -> List[Dict[str, Any]]:
     """Every data problem in a batch, per sample.
 
     Checks the raw ``inputs`` (floating images only: integer pixels are
@@ -135,14 +145,19 @@ def check_batch(data_batch: Any,
         if findings:
             break  # a raw NaN pixel stays NaN after normalisation
     for i, sample in enumerate(samples):
-        findings += _check_sample(i, sample, sources[i], num_classes,
-                                  ignore_index)
+        findings += _check_sample(
+            i, sample, sources[i], num_classes, ignore_index
+        )
     return findings
 
 
-def _check_sample(i: int, sample: Any, source: Dict[str, Any],
-                  num_classes: Optional[int],
-                  ignore_index: int) -> List[Dict[str, Any]]:
+def _check_sample(
+    i: int,
+    sample: Any,
+    source: Dict[str, Any],
+    num_classes: Optional[int],
+    ignore_index: int,
+) -> List[Dict[str, Any]]:
     out: List[Dict[str, Any]] = []
     instances = getattr(sample, 'gt_instances', None)
     boxes = getattr(instances, 'bboxes', None) if instances else None
@@ -154,7 +169,8 @@ def _check_sample(i: int, sample: Any, source: Dict[str, Any],
             if annfile is not None and v.index is not None:
                 found.update(
                     annfile=annfile,
-                    line=annfile_line(annfile, v.index, len(boxes)))
+                    line=annfile_line(annfile, v.index, len(boxes)),
+                )
             out.append(found)
     labels = getattr(instances, 'labels', None) if instances else None
     if labels is not None and num_classes is not None:
@@ -175,13 +191,18 @@ def _check_sample(i: int, sample: Any, source: Dict[str, Any],
 
 def describe_finding(found: Dict[str, Any]) -> str:
     """One line: file (and line), instance, check, values, detail."""
-    where = found.get('annfile') or found.get('img_path') or \
-        found.get('seg_map_path') or f"sample {found['sample']}"
+    where = (
+        found.get('annfile')
+        or found.get('img_path')
+        or found.get('seg_map_path')
+        or f"sample {found['sample']}"
+    )
     where = osp.basename(str(where))
     if found.get('line'):
         where += f" line {found['line']}"
-    inst = '' if found.get('index') is None else \
-        f", instance {found['index']}"
+    inst = '' if found.get('index') is None else f", instance {found['index']}"
     values = ', '.join(str(v) for v in found.get('values', []))
-    return (f"{where} (batch sample {found['sample']}{inst}): "
-            f"{found['check']} failed ({values}); {found['detail']}")
+    return (
+        f"{where} (batch sample {found['sample']}{inst}): "
+        f"{found['check']} failed ({values}); {found['detail']}"
+    )

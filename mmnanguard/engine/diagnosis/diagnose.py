@@ -2,6 +2,7 @@
 """Diagnose one incident: check the batch, replay it, name the cause and
 write ``report.json`` (``cause``, ``evidence``, ``diagnosis``),
 ``report.md`` and ``timeline.png``."""
+
 import math
 from typing import Any, Dict, List, Optional
 
@@ -21,23 +22,23 @@ def module_weight_stats(model: nn.Module, name: str) -> Dict[str, Any]:
     """Largest absolute parameter value of module ``name`` (its own
     parameters and its children's)."""
     module = model.get_submodule(name)
-    values = [p.detach().abs().max() for p in module.parameters()
-              if p.numel()]
+    values = [p.detach().abs().max() for p in module.parameters() if p.numel()]
     top = float(torch.stack(values).max()) if values else math.nan
     return dict(module=name, max_abs=f'{top:.3g}')
 
 
-def diagnose(model: nn.Module,
-             report: Dict[str, Any],
-             batch: Dict[str, Any],
-             replay_state: str,
-             amp_dtype: Optional[torch.dtype] = None,
-             loss_scale: Optional[float] = None,
-             fp32_replay: bool = True,
-             anomaly: bool = False,
-             explosion_ratio: float = 100.0,
-             optimizer_nonfinite: Optional[List[str]] = None
-             ) -> Dict[str, Any]:
+def diagnose(
+    model: nn.Module,
+    report: Dict[str, Any],
+    batch: Dict[str, Any],
+    replay_state: str,
+    amp_dtype: Optional[torch.dtype] = None,
+    loss_scale: Optional[float] = None,
+    fp32_replay: bool = True,
+    anomaly: bool = False,
+    explosion_ratio: float = 100.0,
+    optimizer_nonfinite: Optional[List[str]] = None,
+) -> Dict[str, Any]:
     """Name the cause of an incident; add it to ``report`` (in place).
 
     Args:
@@ -65,17 +66,21 @@ def diagnose(model: nn.Module,
     """
     num_classes, ignore_index = model_classes(model)
     rng_state = batch.get('rng_state')
-    first = replay_batch(model, batch['data_batch'], rng_state, amp_dtype,
-                         loss_scale, anomaly)
+    first = replay_batch(
+        model, batch['data_batch'], rng_state, amp_dtype, loss_scale, anomaly
+    )
     replay = first['result']
     fp32 = None
     if amp_dtype is not None and fp32_replay:
-        fp32 = replay_batch(model, batch['data_batch'], rng_state, None, None,
-                            anomaly)['result']
-    findings = check_batch(batch['data_batch'], first['preprocessed'],
-                           num_classes, ignore_index)
-    result = classify(report, findings, replay, fp32, explosion_ratio,
-                      optimizer_nonfinite)
+        fp32 = replay_batch(
+            model, batch['data_batch'], rng_state, None, None, anomaly
+        )['result']
+    findings = check_batch(
+        batch['data_batch'], first['preprocessed'], num_classes, ignore_index
+    )
+    result = classify(
+        report, findings, replay, fp32, explosion_ratio, optimizer_nonfinite
+    )
     evidence = result['evidence']
     evidence['num_classes'] = num_classes
     if replay.forward_first:
@@ -88,7 +93,8 @@ def diagnose(model: nn.Module,
         summary=result['summary'],
         fp16_overflow=result['fp16_overflow'],
         replay_state=replay_state,
-        remedy=remedies(result, replay))
+        remedy=remedies(result, replay),
+    )
     report['diagnosis']['verdict'] = verdict_lines(report)
     return report
 

@@ -1,5 +1,6 @@
 # Copyright (c) mmnanguard contributors. All rights reserved.
 """Tell from the ring buffer whether the gradient norm exploded."""
+
 import math
 from typing import Any, Dict, List, Optional
 
@@ -12,9 +13,9 @@ def _number(value: Any) -> Optional[float]:
     return value if math.isfinite(value) else None
 
 
-def grad_norm_growth(history: List[Dict[str, Any]],
-                     iteration: int,
-                     min_points: int = 3) -> Optional[Dict[str, Any]]:
+def grad_norm_growth(
+    history: List[Dict[str, Any]], iteration: int, min_points: int = 3
+) -> Optional[Dict[str, Any]]:
     """How much the finite gradient norm grew over the buffered iterations.
 
     The growth is the newest finite norm (the incident iteration's own,
@@ -32,8 +33,11 @@ def grad_norm_growth(history: List[Dict[str, Any]],
         ``from_iter``, ``to_norm``, ``to_iter``, ``lr_from``, ``lr_to``;
         None with fewer than ``min_points`` finite norms.
     """
-    points = [(h['iteration'], _number(h.get('grad_norm')), h.get('lr'))
-              for h in history if h['iteration'] <= iteration]
+    points = [
+        (h['iteration'], _number(h.get('grad_norm')), h.get('lr'))
+        for h in history
+        if h['iteration'] <= iteration
+    ]
     finite = [(it, g, lr) for it, g, lr in points if g is not None]
     if len(finite) < min_points:
         return None
@@ -49,4 +53,5 @@ def grad_norm_growth(history: List[Dict[str, Any]],
         to_norm=to_norm,
         to_iter=to_iter,
         lr_from=lrs[0] if lrs else None,
-        lr_to=lrs[-1] if lrs else None)
+        lr_to=lrs[-1] if lrs else None,
+    )

@@ -12,6 +12,7 @@ OpenMMLab, torch or numpy packages (read off without executing it with
 ``torch.serialization.get_unsafe_globals_in_checkpoint``). Load incident
 folders from people you trust all the same.
 """
+
 import json
 import os
 import os.path as osp
@@ -23,13 +24,28 @@ import torch
 from ..guard.incident import BATCH_NAME, REPORT_NAME
 
 INCIDENT_DIR_RE = re.compile(r'^incident_\d{3}_iter\d{6}(_rank\d+)?$')
-INCIDENT_KINDS = ('nonfinite_loss', 'nonfinite_grad', 'nonfinite_params',
-                  'nonfinite_checkpoint')
+INCIDENT_KINDS = (
+    'nonfinite_loss',
+    'nonfinite_grad',
+    'nonfinite_params',
+    'nonfinite_checkpoint',
+)
 #: Module prefixes whose globals a ``batch.pth`` may reference.
-SAFE_GLOBAL_PREFIXES = ('mmengine.', 'mmcv.', 'mmdet.', 'mmrotate.', 'mmseg.',
-                        'mmnanguard.', 'torch.', 'numpy.', 'collections.',
-                        '_codecs.encode', 'builtins.set', 'builtins.slice',
-                        'builtins.frozenset')
+SAFE_GLOBAL_PREFIXES = (
+    'mmengine.',
+    'mmcv.',
+    'mmdet.',
+    'mmrotate.',
+    'mmseg.',
+    'mmnanguard.',
+    'torch.',
+    'numpy.',
+    'collections.',
+    '_codecs.encode',
+    'builtins.set',
+    'builtins.slice',
+    'builtins.frozenset',
+)
 
 
 class NotAnIncidentError(ValueError):
@@ -48,7 +64,8 @@ def check_batch_globals(path: str) -> List[str]:
     if foreign:
         raise NotAnIncidentError(
             f'{path} references globals outside the OpenMMLab/torch/numpy '
-            f'packages: {foreign}; refusing to unpickle it')
+            f'packages: {foreign}; refusing to unpickle it'
+        )
     return found
 
 
@@ -71,32 +88,42 @@ def load_incident(folder: str) -> Tuple[Dict[str, Any], Dict[str, Any]]:
     if not INCIDENT_DIR_RE.match(name):
         raise NotAnIncidentError(
             f'{folder} is not an incident folder: expected a name like '
-            "'incident_000_iter000012' (written by NanGuardHook)")
+            "'incident_000_iter000012' (written by NanGuardHook)"
+        )
     report_path = osp.join(folder, REPORT_NAME)
     batch_path = osp.join(folder, BATCH_NAME)
     for path in (report_path, batch_path):
         if not osp.isfile(path):
-            raise NotAnIncidentError(f'{folder} has no {osp.basename(path)}'
-                                     ' (NanGuardHook(save_batch=True) '
-                                     'writes it)')
+            raise NotAnIncidentError(
+                f'{folder} has no {osp.basename(path)}'
+                ' (NanGuardHook(save_batch=True) '
+                'writes it)'
+            )
     with open(report_path) as f:
         report = json.load(f)
     if report.get('kind') not in INCIDENT_KINDS or not isinstance(
-            report.get('iteration'), int):
+        report.get('iteration'), int
+    ):
         raise NotAnIncidentError(
             f'{report_path} is not an incident report: kind='
-            f'{report.get("kind")!r}, expected one of {INCIDENT_KINDS}')
+            f'{report.get("kind")!r}, expected one of {INCIDENT_KINDS}'
+        )
     check_batch_globals(batch_path)
     batch = torch.load(batch_path, map_location='cpu', weights_only=False)
-    if not isinstance(batch, dict) or not {'data_batch', 'rng_state',
-                                           'iteration'} <= set(batch):
+    if not isinstance(batch, dict) or not {
+        'data_batch',
+        'rng_state',
+        'iteration',
+    } <= set(batch):
         raise NotAnIncidentError(
             f'{batch_path} is not an incident batch: expected a dict with '
-            'data_batch, rng_state and iteration')
+            'data_batch, rng_state and iteration'
+        )
     if batch['iteration'] != report['iteration']:
         raise NotAnIncidentError(
             f"{batch_path} is of iteration {batch['iteration']}, its report "
-            f"of iteration {report['iteration']}")
+            f"of iteration {report['iteration']}"
+        )
     return report, batch
 
 

@@ -14,6 +14,7 @@
 
 Use it as a context manager; every handle is removed on exit.
 """
+
 from typing import Any, Dict, List, Optional
 
 import torch
@@ -65,12 +66,15 @@ class ActivationProbe:
             if not name:
                 continue  # the root returns the losses dict: see replay
             self._handles.append(
-                module.register_forward_hook(self._forward_hook(name)))
+                module.register_forward_hook(self._forward_hook(name))
+            )
         for name, param in self.model.named_parameters():
             if param.requires_grad:
                 self._handles.append(
                     param.register_post_accumulate_grad_hook(
-                        self._param_hook(name)))
+                        self._param_hook(name)
+                    )
+                )
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -80,7 +84,6 @@ class ActivationProbe:
 
     # -- forward ----------------------------------------------------------
     def _forward_hook(self, name: str):
-
         def hook(module: nn.Module, args: Any, output: Any) -> None:
             self.calls += 1
             loss = is_loss_module(name, module)
@@ -91,7 +94,8 @@ class ActivationProbe:
                         module=name,
                         type=type(module).__name__,
                         call_index=self.calls,
-                        inputs_finite=first_nonfinite(args) is None)
+                        inputs_finite=first_nonfinite(args) is None,
+                    )
                     if loss:
                         self.loss_first = bad
                     else:
@@ -105,7 +109,6 @@ class ActivationProbe:
 
     # -- backward ---------------------------------------------------------
     def _grad_hook(self, name: str, path: str):
-
         def hook(grad: torch.Tensor) -> None:
             if not self.record_grads:
                 return
@@ -117,15 +120,17 @@ class ActivationProbe:
                         module=name,
                         output_path=path or '(output)',
                         call_index=self.grad_calls,
-                        **bad)
+                        **bad,
+                    )
 
         return hook
 
     def _param_hook(self, name: str):
-
         def hook(param: torch.Tensor) -> None:
-            if not self.record_grads or \
-                    len(self.param_grads) >= self.max_params:
+            if (
+                not self.record_grads
+                or len(self.param_grads) >= self.max_params
+            ):
                 return
             bad = nonfinite_summary(param.grad)
             if bad is not None:

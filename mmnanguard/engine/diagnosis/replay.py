@@ -1,5 +1,6 @@
 # Copyright (c) mmnanguard contributors. All rights reserved.
 """Replay one training batch with every module probed."""
+
 import copy
 import math
 import warnings
@@ -11,7 +12,7 @@ import torch
 from mmengine.model import BaseModel
 from torch import nn
 
-from ..guard.finite import json_number
+from ..guard.finite import json_number, total_norm
 from ..guard.rng import capture_rng_state, restore_rng_state
 from .probe import ActivationProbe
 
@@ -35,6 +36,11 @@ class ReplayResult:
             gradients: term -> whether its own gradient is finite.
         backward_ran (bool): Backward runs only on a finite total loss
             (the guard skips it otherwise).
+        grad_norm (float | str | None): The global gradient norm after
+            backward (it can overflow float32 while every element is
+            finite; the guard then drops the step too).
+        top_grads (list[dict]): The parameters with the largest gradient
+            norms (name, norm).
         anomaly (str | None): ``detect_anomaly``'s error and the forward
             traceback of the failing op (``anomaly=True``).
     """
@@ -49,15 +55,23 @@ class ReplayResult:
     param_grads: List[Dict[str, Any]] = field(default_factory=list)
     term_grads: Dict[str, bool] = field(default_factory=dict)
     backward_ran: bool = False
+    grad_norm: Any = None
+    top_grads: List[Dict[str, Any]] = field(default_factory=list)
     anomaly: Optional[str] = None
 
     @property
     def finite(self) -> bool:
         """Whether the loss, every activation and every gradient was
         finite."""
-        return not (self.nonfinite_terms or self.forward_first
-                    or self.loss_first or self.grad_first
-                    or self.param_grads or self.anomaly)
+        return not (
+            self.nonfinite_terms
+            or self.forward_first
+            or self.loss_first
+            or self.grad_first
+            or self.param_grads
+            or self.anomaly
+            or isinstance(self.grad_norm, str)
+        )
 
     def to_dict(self) -> Dict[str, Any]:
         """JSON-ready form (with ``finite``)."""
@@ -67,32 +81,40 @@ class ReplayResult:
 def _term_total(value: Any) -> Optional[torch.Tensor]:
     if isinstance(value, torch.Tensor):
         return value.mean()
-    if isinstance(value, (list, tuple)) and value and all(
-            isinstance(v, torch.Tensor) for v in value):
+    if (
+        isinstance(value, (list, tuple))
+        and value
+        and all(isinstance(v, torch.Tensor) for v in value)
+    ):
         return sum(v.mean() for v in value)
     return None
 
 
-def _term_grads(losses: Dict[str, Any], params: List[nn.Parameter],
-                scale: float) -> Dict[str, bool]:
+def _term_grads(
+    losses: Dict[str, Any], params: List[nn.Parameter], scale: float
+) -> Dict[str, bool]:
     out = {}
     for name, value in losses.items():
         total = _term_total(value)
         if 'loss' not in name or total is None or not total.requires_grad:
             continue
         grads = torch.autograd.grad(
-            total * scale, params, retain_graph=True, allow_unused=True)
+            total * scale, params, retain_graph=True, allow_unused=True
+        )
         out[name] = all(
-            bool(torch.isfinite(g).all()) for g in grads if g is not None)
+            bool(torch.isfinite(g).all()) for g in grads if g is not None
+        )
     return out
 
 
-def replay_batch(model: nn.Module,
-                 data_batch: Dict[str, Any],
-                 rng_state: Optional[Dict[str, Any]] = None,
-                 autocast_dtype: Optional[torch.dtype] = None,
-                 loss_scale: Optional[float] = None,
-                 anomaly: bool = False) -> Dict[str, Any]:
+def replay_batch(
+    model: nn.Module,
+    data_batch: Dict[str, Any],
+    rng_state: Optional[Dict[str, Any]] = None,
+    autocast_dtype: Optional[torch.dtype] = None,
+    loss_scale: Optional[float] = None,
+    anomaly: bool = False,
+) -> Dict[str, Any]:
     """Run ``train_step``'s forward, loss and backward on one batch, probed.
 
     The model is put in train mode and its gradients are set to None
@@ -124,10 +146,15 @@ def replay_batch(model: nn.Module,
     device_type = param.device.type if param is not None else 'cpu'
     result = ReplayResult(
         precision=str(autocast_dtype).replace('torch.', '')
-        if autocast_dtype is not None else 'fp32',
-        loss_scale=loss_scale)
-    cast = torch.autocast(device_type, dtype=autocast_dtype) \
-        if autocast_dtype is not None else nullcontext()
+        if autocast_dtype is not None
+        else 'fp32',
+        loss_scale=loss_scale,
+    )
+    cast = (
+        torch.autocast(device_type, dtype=autocast_dtype)
+        if autocast_dtype is not None
+        else nullcontext()
+    )
     preprocessed = None
     try:
         if rng_state is not None:
@@ -135,24 +162,30 @@ def replay_batch(model: nn.Module,
         model.train()
         model.zero_grad(set_to_none=True)
         with ActivationProbe(model) as probe, warnings.catch_warnings(
-                record=True) as caught, torch.autograd.set_detect_anomaly(
-                    anomaly):
+            record=True
+        ) as caught, torch.autograd.set_detect_anomaly(anomaly):
             warnings.simplefilter('always')
             with cast:
                 preprocessed = model.data_preprocessor(batch, True)
                 losses = model._run_forward(preprocessed, mode='loss')
             loss, log_vars = BaseModel.parse_losses(model, losses)
             result.loss_terms = {
-                k: json_number(v)
-                for k, v in log_vars.items()
+                k: json_number(v) for k, v in log_vars.items()
             }
             result.nonfinite_terms = [
-                k for k, v in log_vars.items()
-                if not math.isfinite(float(v))
+                k for k, v in log_vars.items() if not math.isfinite(float(v))
             ]
             if not result.nonfinite_terms:
-                _backward(model, losses, loss, loss_scale or 1.0, probe,
-                          result, anomaly, caught)
+                _backward(
+                    model,
+                    losses,
+                    loss,
+                    loss_scale or 1.0,
+                    probe,
+                    result,
+                    anomaly,
+                    caught,
+                )
         result.forward_first = probe.forward_first
         result.loss_first = probe.loss_first
         result.grad_first = probe.grad_first
@@ -163,9 +196,16 @@ def replay_batch(model: nn.Module,
     return dict(result=result, preprocessed=preprocessed)
 
 
-def _backward(model: nn.Module, losses: Dict[str, Any], loss: torch.Tensor,
-              scale: float, probe: ActivationProbe, result: ReplayResult,
-              anomaly: bool, caught: list) -> None:
+def _backward(
+    model: nn.Module,
+    losses: Dict[str, Any],
+    loss: torch.Tensor,
+    scale: float,
+    probe: ActivationProbe,
+    result: ReplayResult,
+    anomaly: bool,
+    caught: list,
+) -> None:
     result.backward_ran = True
     try:
         (loss * scale).backward(retain_graph=True)
@@ -173,12 +213,25 @@ def _backward(model: nn.Module, losses: Dict[str, Any], loss: torch.Tensor,
         if not anomaly:
             raise
         trace = '\n'.join(
-            str(w.message) for w in caught
-            if 'Traceback of forward call' in str(w.message))
+            str(w.message)
+            for w in caught
+            if 'Traceback of forward call' in str(w.message)
+        )
         result.anomaly = f'{err}\n{trace}'.strip()
         return
     finally:
         probe.record_grads = False
+    named = [(n, p) for n, p in model.named_parameters() if p.grad is not None]
+    norms = [float(n) for n in torch._foreach_norm([p.grad for _, p in named])]
+    result.grad_norm = json_number(total_norm([p.grad for _, p in named]))
+    order = sorted(
+        range(len(named)),
+        key=lambda i: -norms[i] if math.isfinite(norms[i]) else -math.inf,
+    )
+    result.top_grads = [
+        dict(name=named[i][0], grad_norm=json_number(norms[i]))
+        for i in order[:3]
+    ]
     if probe.grad_first or probe.param_grads:
         params = [p for p in model.parameters() if p.requires_grad]
         result.term_grads = _term_grads(losses, params, scale)

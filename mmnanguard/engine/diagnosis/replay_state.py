@@ -16,12 +16,17 @@ guard's policy acts. At that moment:
   Without a snapshot, the live (bad) weights are replayed and the report
   says so.
 
-The replay always runs on a deep copy of the model: the trained model never
-carries a diagnostic hook, and its BatchNorm statistics and gradients are
-untouched.
+The replay runs on the trained model itself, between two iterations: its
+state dict (weights and BatchNorm statistics, copied to the CPU), its
+gradients and its train/eval modes are saved first and restored after the
+replay, so training continues exactly as if no replay had happened. (A deep
+copy of the model cannot be made reliably: mmengine models may hold
+non-leaf tensors, e.g. the last loss terms, which ``copy.deepcopy``
+refuses.) The probe's hooks exist only during the replay.
 """
-import copy
-from typing import Any, Dict, Optional, Tuple
+
+from contextlib import contextmanager
+from typing import Any, Dict, Iterator, Optional, Tuple
 
 import torch
 from mmengine.optim import AmpOptimWrapper
@@ -31,43 +36,75 @@ from ..guard.snapshot import unwrap_model
 from ..optimizers import optim_wrapper_members
 
 
-def replay_model(runner, report: Dict[str, Any],
-                 snapshots: Any = ()) -> Tuple[nn.Module, str]:
-    """A copy of the runner's model in the state to replay from.
+def _describe_state(
+    model: nn.Module, report: Dict[str, Any], snapshots: Any
+) -> str:
+    """Load the state to replay from into ``model``; say which it is."""
+    iteration = report['iteration']
+    if report['kind'] != 'nonfinite_params':
+        return (
+            f'the live weights at iteration {iteration}: the guard '
+            'dropped this update, so they are exactly the state just '
+            'before it'
+        )
+    usable = [s for s in snapshots if s.iteration <= iteration]
+    if not usable:
+        return (
+            'the live weights AFTER the bad update (the guard holds no '
+            'snapshot; policy=rollback, or escalate_to=rollback with '
+            'snapshot_interval=1, makes the replay exact)'
+        )
+    snapshot = usable[-1]
+    model.load_state_dict(snapshot.model)
+    if snapshot.iteration == iteration:
+        return (
+            f'the guard snapshot of iteration {iteration}: exactly the '
+            'state just before the bad update'
+        )
+    return (
+        f'the guard snapshot of iteration {snapshot.iteration}, '
+        f'{iteration - snapshot.iteration} iteration(s) before the bad '
+        'update (approximate; snapshot_interval=1 makes it exact)'
+    )
+
+
+@contextmanager
+def replay_model(
+    runner, report: Dict[str, Any], snapshots: Any = ()
+) -> Iterator[Tuple[nn.Module, str]]:
+    """The runner's model in the state to replay from; everything restored
+    on exit.
 
     Args:
         runner (Runner): The runner.
         report (dict): The incident report (``kind``, ``iteration``).
         snapshots: The guard's ``TrainingSnapshot`` deque.
 
-    Returns:
-        tuple: ``(model, description of the state)``.
+    Yields:
+        tuple: ``(model, description of the replayed state)``.
     """
-    model = copy.deepcopy(unwrap_model(runner.model))
-    iteration = report['iteration']
-    if report['kind'] != 'nonfinite_params':
-        return model, (f'the live weights at iteration {iteration}: the guard'
-                       ' dropped this update, so they are exactly the state '
-                       'just before it')
-    usable = [s for s in snapshots if s.iteration <= iteration]
-    if not usable:
-        return model, ('the live weights AFTER the bad update (the guard '
-                       'holds no snapshot; use policy=rollback or '
-                       'escalate_to=rollback with snapshot_interval=1 for an '
-                       'exact replay)')
-    snapshot = usable[-1]
-    model.load_state_dict(snapshot.model)
-    if snapshot.iteration == iteration:
-        return model, (f'the guard snapshot of iteration {iteration}: exactly'
-                       ' the state just before the bad update')
-    return model, (f'the guard snapshot of iteration {snapshot.iteration}, '
-                   f'{iteration - snapshot.iteration} iteration(s) before '
-                   'the bad update (approximate: snapshot_interval=1 makes '
-                   'it exact)')
+    model = unwrap_model(runner.model)
+    saved = {
+        k: v.detach().to('cpu', copy=True)
+        for k, v in model.state_dict().items()
+    }
+    grads = [(p, p.grad) for p in model.parameters()]
+    modes = [(m, m.training) for m in model.modules()]
+    try:
+        for param, _ in grads:
+            param.grad = None
+        yield model, _describe_state(model, report, snapshots)
+    finally:
+        model.load_state_dict(saved)
+        for param, grad in grads:
+            param.grad = grad
+        for module, training in modes:
+            module.training = training
 
 
-def amp_settings(optim_wrapper) -> Tuple[Optional[torch.dtype],
-                                         Optional[float]]:
+def amp_settings(
+    optim_wrapper,
+) -> Tuple[Optional[torch.dtype], Optional[float]]:
     """``(autocast dtype, loss scale)`` of the first AMP member of
     ``optim_wrapper``; ``(None, None)`` without AMP."""
     for wrapper in optim_wrapper_members(optim_wrapper):

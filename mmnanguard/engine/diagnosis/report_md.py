@@ -1,5 +1,6 @@
 # Copyright (c) mmnanguard contributors. All rights reserved.
 """``report.md``: the verdict of an incident for people."""
+
 import os.path as osp
 from typing import Any, Dict, List
 
@@ -18,12 +19,15 @@ def verdict_lines(report: Dict[str, Any]) -> List[str]:
     """
     diag = report['diagnosis']
     cause = report['cause']
-    terms = ', '.join(f'{k}={v}'
-                      for k, v in report.get('nonfinite_terms', {}).items())
-    incident = (f"{report['kind']} at iteration {report['iteration']} "
-                f"(epoch {report.get('epoch')}, rank {report.get('rank')})"
-                f"; non-finite loss terms: {terms or 'none'}; grad_norm="
-                f"{report.get('grad_norm')}; action: {report.get('action')}")
+    terms = ', '.join(
+        f'{k}={v}' for k, v in report.get('nonfinite_terms', {}).items()
+    )
+    incident = (
+        f"{report['kind']} at iteration {report['iteration']} "
+        f"(epoch {report.get('epoch')}, rank {report.get('rank')})"
+        f"; non-finite loss terms: {terms or 'none'}; grad_norm="
+        f"{report.get('grad_norm')}; action: {report.get('action')}"
+    )
     remedy = diag['remedy'][0] if diag['remedy'] else 'see the evidence'
     return [
         f"Cause: {cause} -- {diag['summary']}",
@@ -33,38 +37,51 @@ def verdict_lines(report: Dict[str, Any]) -> List[str]:
 
 
 def _replay_lines(title: str, replay: Dict[str, Any]) -> List[str]:
-    lines = [f"- {title} ({replay['precision']}"
-             + (f", loss x{replay['loss_scale']:g}"
-                if replay.get('loss_scale') else '')
-             + f"): {'finite' if replay['finite'] else 'NON-FINITE'}"]
+    lines = [
+        f"- {title} ({replay['precision']}"
+        + (
+            f", loss x{replay['loss_scale']:g}"
+            if replay.get('loss_scale')
+            else ''
+        )
+        + f"): {'finite' if replay['finite'] else 'NON-FINITE'}"
+    ]
     terms = ', '.join(f'{k}={v}' for k, v in replay['loss_terms'].items())
     lines.append(f'  - loss terms: {terms or "(none)"}')
-    for key, label in (('forward_first', 'first non-finite activation'),
-                       ('loss_first', 'first non-finite loss module')):
+    for key, label in (
+        ('forward_first', 'first non-finite activation'),
+        ('loss_first', 'first non-finite loss module'),
+    ):
         first = replay.get(key)
         if first:
             lines.append(
                 f"  - {label}: `{first['module']}` ({first['type']}), "
                 f"{first['path']}: {first['nan']} NaN, {first['posinf']} "
                 f"+inf, {first['neginf']} -inf of {first['numel']}; inputs "
-                f"{'finite' if first['inputs_finite'] else 'non-finite'}")
+                f"{'finite' if first['inputs_finite'] else 'non-finite'}"
+            )
     if not replay['backward_ran']:
         lines.append('  - backward not run (non-finite loss)')
     first = replay.get('grad_first')
     if first:
-        lines.append(f"  - first non-finite output gradient (backward "
-                     f"order): `{first['module']}` {first['output_path']}")
+        lines.append(
+            f"  - first non-finite output gradient (backward "
+            f"order): `{first['module']}` {first['output_path']}"
+        )
     if replay.get('param_grads'):
         names = ', '.join(f"`{p['name']}`" for p in replay['param_grads'])
-        lines.append(f'  - non-finite parameter gradients (backward order):'
-                     f' {names}')
+        lines.append(
+            f'  - non-finite parameter gradients (backward order):' f' {names}'
+        )
     bad = [k for k, ok in replay.get('term_grads', {}).items() if not ok]
     if bad:
-        lines.append(f"  - loss terms with a non-finite gradient: "
-                     f"{', '.join(bad)}")
+        lines.append(
+            f"  - loss terms with a non-finite gradient: " f"{', '.join(bad)}"
+        )
     if replay.get('anomaly'):
-        lines.append('  - detect_anomaly:\n\n```\n' + replay['anomaly'] +
-                     '\n```')
+        lines.append(
+            '  - detect_anomaly:\n\n```\n' + replay['anomaly'] + '\n```'
+        )
     return lines
 
 
@@ -72,42 +89,63 @@ def render_markdown(report: Dict[str, Any]) -> str:
     """The Markdown text of ``report.md``."""
     diag = report['diagnosis']
     ev = report['evidence']
-    out = [f"# NanGuard incident at iteration {report['iteration']}: "
-           f"`{report['cause']}`", '']
-    out += [f'{i}. {line}' for i, line in
-            enumerate(verdict_lines(report), start=1)]
+    out = [
+        f"# NanGuard incident at iteration {report['iteration']}: "
+        f"`{report['cause']}`",
+        '',
+    ]
+    out += [
+        f'{i}. {line}' for i, line in enumerate(verdict_lines(report), start=1)
+    ]
     out += ['', '## Evidence', '']
-    files = [osp.basename(str(s.get('img_path') or s.get('seg_map_path')))
-             for s in report.get('samples', [])]
+    files = [
+        osp.basename(str(s.get('img_path') or s.get('seg_map_path')))
+        for s in report.get('samples', [])
+    ]
     out.append(f"- batch: {', '.join(files) or '(unknown)'}")
     out.append(f"- replayed from: {diag['replay_state']}")
     if ev['data']:
         out.append('- data checks failed:')
         out += [f"  - {f['text']}" for f in ev['data']]
     else:
-        out.append('- data checks: every pixel, box, label and '
-                   'segmentation value of the batch is valid')
+        out.append(
+            '- data checks: every pixel, box, label and '
+            'segmentation value of the batch is valid'
+        )
     out += _replay_lines('replay', ev['replay'])
     if ev.get('fp32_replay'):
         out += _replay_lines('fp32 replay', ev['fp32_replay'])
     growth = ev.get('grad_norm_growth')
     if growth:
-        out.append(f"- gradient norm: {growth['from_norm']:.3g} (iteration "
-                   f"{growth['from_iter']}) -> {growth['to_norm']:.3g} "
-                   f"(iteration {growth['to_iter']}), x{growth['ratio']:.3g}"
-                   f"; lr {growth['lr_from']} -> {growth['lr_to']}")
+        out.append(
+            f"- gradient norm: {growth['from_norm']:.3g} (iteration "
+            f"{growth['from_iter']}) -> {growth['to_norm']:.3g} "
+            f"(iteration {growth['to_iter']}), x{growth['ratio']:.3g}"
+            f"; lr {growth['lr_from']} -> {growth['lr_to']}"
+        )
     for module in ev.get('module_weights', []):
-        out.append(f"- weights of `{module['module']}`: max |value| "
-                   f"{module['max_abs']}")
+        out.append(
+            f"- weights of `{module['module']}`: max |value| "
+            f"{module['max_abs']}"
+        )
     if ev.get('optimizer_state'):
-        out.append(f"- non-finite optimizer state: "
-                   f"{', '.join(ev['optimizer_state'][:5])}")
+        out.append(
+            f"- non-finite optimizer state: "
+            f"{', '.join(ev['optimizer_state'][:5])}"
+        )
     out += ['', '## Remedy', '']
     out += [f'- {line}' for line in diag['remedy']]
-    out += ['', '## Timeline', '', '![timeline](timeline.png)', '',
-            'Files: `report.json` (everything above, machine-readable), '
-            '`batch.pth` (the batch and RNG states); re-run offline with '
-            '`python tools/replay.py INCIDENT_DIR [--fp32] [--anomaly]`.', '']
+    out += [
+        '',
+        '## Timeline',
+        '',
+        '![timeline](timeline.png)',
+        '',
+        'Files: `report.json` (everything above, machine-readable), '
+        '`batch.pth` (the batch and RNG states); re-run offline with '
+        '`python tools/replay.py INCIDENT_DIR [--fp32] [--anomaly]`.',
+        '',
+    ]
     return '\n'.join(out)
 
 

@@ -5,6 +5,7 @@ Module outputs of mmdet/mmrotate/mmseg models are tensors, tuples, lists,
 dicts, ``InstanceData``/``DetDataSample`` (any ``BaseDataElement``) and
 ``BaseBoxes``; this module walks all of them.
 """
+
 from typing import Any, Dict, Iterator, Optional, Tuple
 
 import torch
@@ -66,7 +67,8 @@ def nonfinite_summary(tensor: Tensor) -> Optional[Dict[str, Any]]:
         numel=data.numel(),
         nan=int(torch.isnan(data).sum()),
         posinf=int(torch.isposinf(data).sum()),
-        neginf=int(torch.isneginf(data).sum()))
+        neginf=int(torch.isneginf(data).sum()),
+    )
 
 
 def first_nonfinite(obj: Any) -> Optional[Dict[str, Any]]:
@@ -87,13 +89,17 @@ def first_nonfinite(obj: Any) -> Optional[Dict[str, Any]]:
 
 
 def describe_values(summary: Dict[str, Any]) -> str:
-    """``'3 NaN, 1 +inf of 4096 values (float32, shape [2, 64, 32, 32])'``.
-    """
+    """``'3 NaN, 1 +inf of 4096 values (float32, shape [2, 64, 32, 32])'``."""
     parts = [
         f'{summary[k]} {label}'
-        for k, label in (('nan', 'NaN'), ('posinf', '+inf'), ('neginf',
-                                                              '-inf'))
+        for k, label in (
+            ('nan', 'NaN'),
+            ('posinf', '+inf'),
+            ('neginf', '-inf'),
+        )
         if summary.get(k)
     ]
-    return (f"{', '.join(parts) or 'non-finite'} of {summary['numel']} "
-            f"values ({summary['dtype']}, shape {summary['shape']})")
+    return (
+        f"{', '.join(parts) or 'non-finite'} of {summary['numel']} "
+        f"values ({summary['dtype']}, shape {summary['shape']})"
+    )

@@ -1,5 +1,6 @@
 # Copyright (c) mmnanguard contributors. All rights reserved.
 """Every rank reaches the same decision before anyone acts."""
+
 import torch
 from mmengine import dist
 

@@ -1,5 +1,6 @@
 # Copyright (c) mmnanguard contributors. All rights reserved.
 """Cheap finiteness checks over parameters, gradients and nested states."""
+
 import math
 from typing import Any, Dict, Iterable, List
 
@@ -33,7 +34,8 @@ def total_norm(tensors: Iterable[Tensor]) -> Tensor:
     norms = torch._foreach_norm(tensors, 2.0)  # pragma: no cover
     device = norms[0].device  # pragma: no cover
     return torch.linalg.vector_norm(  # pragma: no cover
-        torch.stack([n.to(device) for n in norms]), 2.0)
+        torch.stack([n.to(device) for n in norms]), 2.0
+    )
 
 
 def optimizer_params(optimizer: torch.optim.Optimizer) -> List[Tensor]:
@@ -75,14 +77,15 @@ def nonfinite_paths(tree: Any, prefix: str = '') -> List[str]:
         return []
     found: List[str] = []
     for key, value in items:
-        found += nonfinite_paths(value, f'{prefix}.{key}' if prefix else
-                                 str(key))
+        found += nonfinite_paths(
+            value, f'{prefix}.{key}' if prefix else str(key)
+        )
     return found
 
 
-def top_grad_norms(named_params: Dict[int, str],
-                   optimizer: torch.optim.Optimizer,
-                   k: int) -> List[Dict[str, Any]]:
+def top_grad_norms(
+    named_params: Dict[int, str], optimizer: torch.optim.Optimizer, k: int
+) -> List[Dict[str, Any]]:
     """The ``k`` parameters with non-finite or largest gradient norms.
 
     Args:
@@ -98,12 +101,19 @@ def top_grad_norms(named_params: Dict[int, str],
     if not params:
         return []
     norms = [float(n) for n in torch._foreach_norm([p.grad for p in params])]
-    order = sorted(range(len(params)),
-                   key=lambda i: (math.isfinite(norms[i]), -norms[i]
-                                  if math.isfinite(norms[i]) else 0.))
+    order = sorted(
+        range(len(params)),
+        key=lambda i: (
+            math.isfinite(norms[i]),
+            -norms[i] if math.isfinite(norms[i]) else 0.0,
+        ),
+    )
     return [
-        dict(name=named_params.get(id(params[i]), f'param[{i}]'),
-             grad_norm=json_number(norms[i])) for i in order[:k]
+        dict(
+            name=named_params.get(id(params[i]), f'param[{i}]'),
+            grad_norm=json_number(norms[i]),
+        )
+        for i in order[:k]
     ]
 
 

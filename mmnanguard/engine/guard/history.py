@@ -1,5 +1,6 @@
 # Copyright (c) mmnanguard contributors. All rights reserved.
 """A ring buffer of the last iterations, for incident reports."""
+
 from collections import deque
 from typing import Any, Dict, List, Optional
 
@@ -16,24 +17,28 @@ class IterationHistory:
     def __init__(self, maxlen: int) -> None:
         self._buffer: deque = deque(maxlen=maxlen)
 
-    def append(self,
-               iteration: int,
-               loss_terms: Dict[str, float],
-               grad_norm: Optional[float],
-               lr: Optional[float],
-               loss_scale: Optional[float] = None,
-               event: Optional[str] = None) -> None:
+    def append(
+        self,
+        iteration: int,
+        loss_terms: Dict[str, float],
+        grad_norm: Optional[float],
+        lr: Optional[float],
+        loss_scale: Optional[float] = None,
+        event: Optional[str] = None,
+    ) -> None:
         """Record one iteration (non-finite floats are kept as strings)."""
         self._buffer.append(
             dict(
                 iteration=iteration,
-                loss_terms={k: json_number(v)
-                            for k, v in loss_terms.items()},
-                grad_norm=None if grad_norm is None else json_number(
-                    grad_norm),
+                loss_terms={k: json_number(v) for k, v in loss_terms.items()},
+                grad_norm=None
+                if grad_norm is None
+                else json_number(grad_norm),
                 lr=lr,
                 loss_scale=loss_scale,
-                event=event))
+                event=event,
+            )
+        )
 
     def mark_last(self, event: str) -> None:
         """Attach an event name (``'incident'``, ``'spike'``) to the newest

@@ -1,5 +1,6 @@
 # Copyright (c) mmnanguard contributors. All rights reserved.
 """Write one folder per incident under ``{work_dir}/nanguard/``."""
+
 import json
 import os
 import os.path as osp
@@ -27,8 +28,9 @@ class IncidentRecorder:
         world_size (int): Number of processes.
     """
 
-    def __init__(self, work_dir: str, max_incidents: int, rank: int,
-                 world_size: int) -> None:
+    def __init__(
+        self, work_dir: str, max_incidents: int, rank: int, world_size: int
+    ) -> None:
         self.root = osp.join(work_dir, 'nanguard')
         self.max_incidents = max_incidents
         self.rank = rank
@@ -42,10 +44,12 @@ class IncidentRecorder:
             name += f'_rank{self.rank}'
         return osp.join(self.root, name)
 
-    def record(self,
-               index: int,
-               report: Dict[str, Any],
-               batch: Optional[Dict[str, Any]] = None) -> Optional[str]:
+    def record(
+        self,
+        index: int,
+        report: Dict[str, Any],
+        batch: Optional[Dict[str, Any]] = None,
+    ) -> Optional[str]:
         """Write the incident; return its folder, or None past the bound.
 
         Args:
@@ -63,7 +67,8 @@ class IncidentRecorder:
             print_log(
                 f'nanguard: incident {index} not written: max_incidents='
                 f'{self.max_incidents} folders exist in {self.root}',
-                logger='current')
+                logger='current',
+            )
             return None
         folder = self.folder_for(index, report['iteration'])
         os.makedirs(folder, exist_ok=True)

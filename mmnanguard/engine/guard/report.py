@@ -1,5 +1,6 @@
 # Copyright (c) mmnanguard contributors. All rights reserved.
 """Build the JSON report of an incident."""
+
 import math
 from typing import Any, Dict, List, Optional
 
@@ -32,28 +33,43 @@ def nonfinite_terms(terms: Dict[str, float]) -> Dict[str, Any]:
 def samples_of(data_batch: Any) -> List[Dict[str, Any]]:
     """``img_path`` and ``img_id`` of every sample in an mmengine batch."""
     samples = []
-    data_samples = data_batch.get('data_samples') if isinstance(
-        data_batch, dict) else None
+    data_samples = (
+        data_batch.get('data_samples')
+        if isinstance(data_batch, dict)
+        else None
+    )
     for sample in data_samples or []:
         meta = getattr(sample, 'metainfo', {}) or {}
         samples.append(
             dict(
                 img_path=meta.get('img_path'),
                 img_id=meta.get('img_id'),
-                seg_map_path=meta.get('seg_map_path')))
+                seg_map_path=meta.get('seg_map_path'),
+            )
+        )
     return samples
 
 
 def learning_rates(optim_wrapper) -> Dict[str, List[float]]:
     """``optim_wrapper.get_lr()``: a list of lrs per optimizer key."""
-    return {k: [float(x) for x in v]
-            for k, v in optim_wrapper.get_lr().items()}
+    return {
+        k: [float(x) for x in v] for k, v in optim_wrapper.get_lr().items()
+    }
 
 
-def build_report(*, runner, kind: str, action: str, reason: str,
-                 terms: Dict[str, float], record, data_batch: Any,
-                 local_fault: bool, history: List[Dict[str, Any]],
-                 extra: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+def build_report(
+    *,
+    runner,
+    kind: str,
+    action: str,
+    reason: str,
+    terms: Dict[str, float],
+    record,
+    data_batch: Any,
+    local_fault: bool,
+    history: List[Dict[str, Any]],
+    extra: Optional[Dict[str, Any]] = None,
+) -> Dict[str, Any]:
     """The incident's ``report.json`` content.
 
     Args:
@@ -70,6 +86,7 @@ def build_report(*, runner, kind: str, action: str, reason: str,
         extra (dict, optional): More keys (e.g. non-finite tensor paths).
     """
     from mmengine.dist import get_rank, get_world_size
+
     report = dict(
         iteration=runner.iter,
         epoch=runner.epoch,
@@ -79,17 +96,18 @@ def build_report(*, runner, kind: str, action: str, reason: str,
         kind=kind,
         action=action,
         reason=reason,
-        loss_terms={k: json_number(v)
-                    for k, v in terms.items()},
+        loss_terms={k: json_number(v) for k, v in terms.items()},
         nonfinite_terms=nonfinite_terms(terms),
         grad_norm=None
-        if record.grad_norm is None else json_number(record.grad_norm),
+        if record.grad_norm is None
+        else json_number(record.grad_norm),
         lr=learning_rates(runner.optim_wrapper),
         loss_scale=record.loss_scale,
         samples=samples_of(data_batch),
         top_grad_params=record.top_grad_params,
         history=history,
-        work_dir=runner.work_dir)
+        work_dir=runner.work_dir,
+    )
     report.update(extra or {})
     return report
 
@@ -99,8 +117,10 @@ def describe(report: Dict[str, Any]) -> str:
     terms = report['nonfinite_terms']
     terms_txt = ', '.join(f'{k}={v}' for k, v in terms.items()) or 'none'
     path = report.get('report_path') or '(not written: max_incidents)'
-    return (f"{report['kind']} at iteration {report['iteration']} "
-            f"(epoch {report['epoch']}, rank {report['rank']}): non-finite "
-            f'loss terms: {terms_txt}; grad_norm={report["grad_norm"]}; '
-            f"action: {report['action']} ({report['reason']}); "
-            f'incident report: {path}')
+    return (
+        f"{report['kind']} at iteration {report['iteration']} "
+        f"(epoch {report['epoch']}, rank {report['rank']}): non-finite "
+        f'loss terms: {terms_txt}; grad_norm={report["grad_norm"]}; '
+        f"action: {report['action']} ({report['reason']}); "
+        f'incident report: {path}'
+    )

@@ -1,5 +1,6 @@
 # Copyright (c) mmnanguard contributors. All rights reserved.
 """Capture and restore the RNG states that make a replay deterministic."""
+
 import random
 from typing import Any, Dict
 
@@ -12,7 +13,8 @@ def capture_rng_state() -> Dict[str, Any]:
     state = dict(
         python=random.getstate(),
         numpy=np.random.get_state(),
-        torch=torch.get_rng_state())
+        torch=torch.get_rng_state(),
+    )
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         state['cuda'] = torch.cuda.get_rng_state_all()
     return state

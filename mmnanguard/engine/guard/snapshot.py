@@ -1,5 +1,6 @@
 # Copyright (c) mmnanguard contributors. All rights reserved.
 """The known-good training state that a rollback restores."""
+
 from typing import Any, Dict, List, Optional
 
 import torch
@@ -11,9 +12,13 @@ from mmengine.utils import apply_to
 
 def _clone_tree(tree: Any, device: Optional[str] = 'cpu') -> Any:
     """Copy every tensor in ``tree`` (to ``device``); rebuild containers."""
-    return apply_to(tree, lambda x: isinstance(x, torch.Tensor),
-                    lambda x: x.detach().to(device, copy=True)
-                    if device else x.detach().clone())
+    return apply_to(
+        tree,
+        lambda x: isinstance(x, torch.Tensor),
+        lambda x: x.detach().to(device, copy=True)
+        if device
+        else x.detach().clone(),
+    )
 
 
 def unwrap_model(model: torch.nn.Module) -> torch.nn.Module:
@@ -63,13 +68,15 @@ class TrainingSnapshot:
         source (str): ``'memory'`` or the checkpoint's path.
     """
 
-    def __init__(self,
-                 iteration: int,
-                 model: Dict[str, torch.Tensor],
-                 optimizer: Dict[str, Any],
-                 schedulers: Any = None,
-                 ema: Optional[List[Dict[str, torch.Tensor]]] = None,
-                 source: str = 'memory') -> None:
+    def __init__(
+        self,
+        iteration: int,
+        model: Dict[str, torch.Tensor],
+        optimizer: Dict[str, Any],
+        schedulers: Any = None,
+        ema: Optional[List[Dict[str, torch.Tensor]]] = None,
+        source: str = 'memory',
+    ) -> None:
         self.iteration = iteration
         self.model = model
         self.optimizer = optimizer
@@ -82,14 +89,14 @@ class TrainingSnapshot:
         """Copy the runner's current state (to ``device``, default CPU)."""
         return cls(
             iteration=runner.iter,
-            model=_clone_tree(unwrap_model(runner.model).state_dict(),
-                              device),
+            model=_clone_tree(unwrap_model(runner.model).state_dict(), device),
             optimizer=_clone_tree(runner.optim_wrapper.state_dict(), device),
             schedulers=_clone_tree(scheduler_states(runner), device),
             ema=[
                 _clone_tree(h.ema_model.state_dict(), device)
                 for h in ema_hooks(runner)
-            ])
+            ],
+        )
 
     @classmethod
     def from_checkpoint(cls, runner, path: str):
@@ -108,7 +115,9 @@ class TrainingSnapshot:
                 ema_key = f'module.{key}'
                 if ema_key in ema_state:
                     model_state[key], ema_state[ema_key] = (
-                        ema_state[ema_key], model_state[key])
+                        ema_state[ema_key],
+                        model_state[key],
+                    )
             ema = [ema_state]
         meta = ckpt.get('meta', {})
         return cls(
@@ -117,15 +126,15 @@ class TrainingSnapshot:
             optimizer=ckpt['optimizer'],
             schedulers=ckpt.get('param_schedulers'),
             ema=ema,
-            source=path)
+            source=path,
+        )
 
     def restore(self, runner) -> None:
         """Load the state into the runner's model, optimizer, schedulers and
         EMA hooks. The snapshot itself stays untouched (fresh copies are
         loaded, since optimizers alias the tensors they are given)."""
         unwrap_model(runner.model).load_state_dict(self.model)
-        runner.optim_wrapper.load_state_dict(_clone_tree(self.optimizer,
-                                                         None))
+        runner.optim_wrapper.load_state_dict(_clone_tree(self.optimizer, None))
         _load_scheduler_states(runner, _clone_tree(self.schedulers, None))
         for hook, state in zip(ema_hooks(runner), self.ema):
             hook.ema_model.load_state_dict(state)

@@ -78,9 +78,10 @@ class StepGuard:
         bad = any_rank(local_bad)
         self.record.local_loss_nonfinite |= local_bad
         self.record.loss_nonfinite |= bad
-        if bad:
-            return False
-        return not self._vetoed('loss', self.loss_vetoes, float(loss))
+        if bad or not self.loss_vetoes:
+            return not bad
+        return not self._vetoed('loss', self.loss_vetoes,
+                                float(loss.detach()))
 
     def _vetoed(self, stage: str, vetoes: List[Veto], value: float) -> bool:
         if not vetoes:

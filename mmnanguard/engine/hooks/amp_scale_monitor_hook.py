@@ -173,7 +173,9 @@ class AmpScaleMonitorHook(Hook):
                 name in self.precision
                 and precision_of(wrapper) != self.precision[name]
             ):
-                switch_precision(wrapper, self.precision[name])
+                switch_precision(
+                    wrapper, self.precision[name], reset_scale=False
+                )
                 runner.logger.warning(
                     f'AmpScaleMonitorHook: {_label(name)} resumes in '
                     f'{self.precision[name]} (switched after a loss-scale '

@@ -1,5 +1,6 @@
 # Copyright (c) mmnanguard contributors. All rights reserved.
 """Inject a known numerical fault at one iteration (chaos testing)."""
+
 from typing import Any, List, Optional
 
 import torch
@@ -7,11 +8,18 @@ from mmengine.dist import get_rank
 from mmengine.hooks import Hook
 
 from mmnanguard.registry import HOOKS, register_shared
+
 from ..guard.snapshot import unwrap_model
 from ..optimizers import optim_wrapper_members
 
-FAULTS = ('nan_pixel', 'inf_loss', 'nan_grad', 'lr_spike',
-          'nan_optimizer_state', 'scale_module')
+FAULTS = (
+    'nan_pixel',
+    'inf_loss',
+    'nan_grad',
+    'lr_spike',
+    'nan_optimizer_state',
+    'scale_module',
+)
 
 
 @register_shared(HOOKS)
@@ -44,22 +52,30 @@ class FaultInjectionHook(Hook):
 
     priority = 'HIGHEST'
 
-    def __init__(self,
-                 fault: str,
-                 iteration: int,
-                 rank: Optional[int] = None,
-                 loss_key: Optional[str] = None,
-                 value: Optional[float] = None,
-                 module_name: Optional[str] = None) -> None:
+    def __init__(
+        self,
+        fault: str,
+        iteration: int,
+        rank: Optional[int] = None,
+        loss_key: Optional[str] = None,
+        value: Optional[float] = None,
+        module_name: Optional[str] = None,
+    ) -> None:
         if fault not in FAULTS:
-            raise ValueError(f'FaultInjectionHook: fault={fault!r} is '
-                             f'invalid; allowed values are {FAULTS}')
+            raise ValueError(
+                f'FaultInjectionHook: fault={fault!r} is '
+                f'invalid; allowed values are {FAULTS}'
+            )
         if not isinstance(iteration, int) or iteration < 0:
-            raise ValueError(f'FaultInjectionHook: iteration={iteration!r} '
-                             'is invalid; expected an integer >= 0')
+            raise ValueError(
+                f'FaultInjectionHook: iteration={iteration!r} '
+                'is invalid; expected an integer >= 0'
+            )
         if fault == 'scale_module' and not module_name:
-            raise ValueError('FaultInjectionHook: fault=scale_module needs '
-                             "module_name, e.g. 'neck.fpn_convs.0.conv'")
+            raise ValueError(
+                'FaultInjectionHook: fault=scale_module needs '
+                "module_name, e.g. 'neck.fpn_convs.0.conv'"
+            )
         self.fault = fault
         self.iteration = iteration
         self.rank = rank
@@ -70,11 +86,13 @@ class FaultInjectionHook(Hook):
         self._handles: List[Any] = []
 
     def _due(self, runner) -> bool:
-        return runner.iter == self.iteration and (self.rank is None
-                                                  or self.rank == get_rank())
+        return runner.iter == self.iteration and (
+            self.rank is None or self.rank == get_rank()
+        )
 
-    def before_train_iter(self, runner, batch_idx: int,
-                          data_batch=None) -> None:
+    def before_train_iter(
+        self, runner, batch_idx: int, data_batch=None
+    ) -> None:
         """Plant the fault for this iteration."""
         if not self._due(runner):
             return
@@ -82,10 +100,12 @@ class FaultInjectionHook(Hook):
         model = unwrap_model(runner.model)
         if self.fault == 'nan_pixel':
             self._handles.append(
-                model.data_preprocessor.register_forward_hook(_nan_pixel))
+                model.data_preprocessor.register_forward_hook(_nan_pixel)
+            )
         elif self.fault in ('inf_loss', 'nan_grad'):
             self._handles.append(
-                model.register_forward_hook(self._poison_losses))
+                model.register_forward_hook(self._poison_losses)
+            )
         elif self.fault == 'lr_spike':
             lr = 1e12 if self.value is None else self.value
             for wrapper in optim_wrapper_members(runner.optim_wrapper):
@@ -99,8 +119,9 @@ class FaultInjectionHook(Hook):
                 for param in module.parameters():
                     param.mul_(1e38 if self.value is None else self.value)
 
-    def after_train_iter(self, runner, batch_idx: int, data_batch=None,
-                         outputs=None) -> None:
+    def after_train_iter(
+        self, runner, batch_idx: int, data_batch=None, outputs=None
+    ) -> None:
         """Remove the forward hooks planted for this iteration."""
         for handle in self._handles:
             handle.remove()
@@ -117,7 +138,8 @@ class FaultInjectionHook(Hook):
         else:
             weight = next(p for p in module.parameters() if p.requires_grad)
             losses['loss_fault_sqrt'] = torch.sqrt(
-                ((weight - weight.detach())**2).sum())
+                ((weight - weight.detach()) ** 2).sum()
+            )
         return losses
 
 
@@ -133,5 +155,7 @@ def _poison_optimizer_state(optim_wrapper) -> None:
                 if isinstance(value, torch.Tensor) and value.numel() > 1:
                     value.view(-1)[0] = float('nan')
                     return
-    raise RuntimeError('FaultInjectionHook: the optimizer has no state yet; '
-                       'plant nan_optimizer_state after the first step')
+    raise RuntimeError(
+        'FaultInjectionHook: the optimizer has no state yet; '
+        'plant nan_optimizer_state after the first step'
+    )

@@ -1,6 +1,7 @@
 # Copyright (c) mmnanguard contributors. All rights reserved.
 """NanDiagnosisHook: name the first module, loss term and sample that went
 non-finite, and why."""
+
 import os.path as osp
 import traceback
 from typing import Any, Dict, Optional
@@ -9,8 +10,8 @@ import torch
 from mmengine.hooks import Hook
 
 from mmnanguard.registry import HOOKS, register_shared
-from ..diagnosis import (amp_settings, diagnose, replay_model,
-                         write_diagnosis)
+
+from ..diagnosis import amp_settings, diagnose, replay_model, write_diagnosis
 from ..diagnosis.incident_files import write_report_json
 from ..guard.finite import nonfinite_paths
 from .nanguard_hook import NanGuardHook
@@ -68,20 +69,26 @@ class NanDiagnosisHook(Hook):
 
     priority = 'NORMAL'
 
-    def __init__(self,
-                 diagnose_incidents: int = 1,
-                 fp32_replay: bool = True,
-                 anomaly: bool = False,
-                 explosion_ratio: float = 100.0,
-                 save_model: bool = True) -> None:
+    def __init__(
+        self,
+        diagnose_incidents: int = 1,
+        fp32_replay: bool = True,
+        anomaly: bool = False,
+        explosion_ratio: float = 100.0,
+        save_model: bool = True,
+    ) -> None:
         if not isinstance(diagnose_incidents, int) or diagnose_incidents < 0:
-            raise ValueError('NanDiagnosisHook: diagnose_incidents='
-                             f'{diagnose_incidents!r} is invalid; expected '
-                             'an integer >= 0')
+            raise ValueError(
+                'NanDiagnosisHook: diagnose_incidents='
+                f'{diagnose_incidents!r} is invalid; expected '
+                'an integer >= 0'
+            )
         if not explosion_ratio > 1:
-            raise ValueError('NanDiagnosisHook: explosion_ratio='
-                             f'{explosion_ratio!r} is invalid; expected a '
-                             'number > 1')
+            raise ValueError(
+                'NanDiagnosisHook: explosion_ratio='
+                f'{explosion_ratio!r} is invalid; expected a '
+                'number > 1'
+            )
         self.diagnose_incidents = diagnose_incidents
         self.fp32_replay = fp32_replay
         self.anomaly = anomaly
@@ -96,19 +103,23 @@ class NanDiagnosisHook(Hook):
         if not guards:
             raise ValueError(
                 'NanDiagnosisHook needs a NanGuardHook in the same runner: '
-                "add dict(type='NanGuardHook') to custom_hooks")
+                "add dict(type='NanGuardHook') to custom_hooks"
+            )
         self.guard = guards[0]
         if self.on_incident not in self.guard.incident_listeners:
             self.guard.incident_listeners.append(self.on_incident)
 
-    def on_incident(self, runner, report: Dict[str, Any],
-                    folder: Optional[str]) -> None:
+    def on_incident(
+        self, runner, report: Dict[str, Any], folder: Optional[str]
+    ) -> None:
         """The listener: diagnose, write the files, log the verdict."""
         if folder is None or self.diagnosed >= self.diagnose_incidents:
             return
         if report['kind'] == 'nonfinite_checkpoint':
-            runner.logger.info('NanGuard diagnosis: a poisoned checkpoint '
-                               'is not a training step; nothing to replay')
+            runner.logger.info(
+                'NanGuard diagnosis: a poisoned checkpoint '
+                'is not a training step; nothing to replay'
+            )
             return
         self.diagnosed += 1
         try:
@@ -116,35 +127,46 @@ class NanDiagnosisHook(Hook):
         except Exception as err:  # noqa: BLE001  (logged and recorded)
             report['diagnosis_error'] = f'{type(err).__name__}: {err}'
             write_report_json(report, folder)
-            runner.logger.error('NanGuard diagnosis failed; training goes '
-                                'on under the guard policy:\n'
-                                f'{traceback.format_exc()}')
+            runner.logger.error(
+                'NanGuard diagnosis failed; training goes '
+                'on under the guard policy:\n'
+                f'{traceback.format_exc()}'
+            )
 
     def _diagnose(self, runner, report: Dict[str, Any], folder: str) -> None:
         guard = self.guard
-        batch = dict(
-            data_batch=guard._data_batch, rng_state=guard._rng_state)
-        model, state = replay_model(runner, report, guard.snapshots)
+        batch = dict(data_batch=guard._data_batch, rng_state=guard._rng_state)
         amp_dtype, loss_scale = amp_settings(runner.optim_wrapper)
-        optimizer_bad = nonfinite_paths(runner.optim_wrapper.state_dict()) \
-            if report['kind'] == 'nonfinite_params' else []
-        diagnose(
-            model,
-            report,
-            batch,
-            replay_state=state,
-            amp_dtype=amp_dtype,
-            loss_scale=loss_scale,
-            fp32_replay=self.fp32_replay,
-            anomaly=self.anomaly,
-            explosion_ratio=self.explosion_ratio,
-            optimizer_nonfinite=optimizer_bad[:20])
+        optimizer_bad = (
+            nonfinite_paths(runner.optim_wrapper.state_dict())
+            if report['kind'] == 'nonfinite_params'
+            else []
+        )
+        with replay_model(runner, report, guard.snapshots) as (model, state):
+            if self.save_model:
+                torch.save(
+                    {
+                        k: v.detach().cpu()
+                        for k, v in model.state_dict().items()
+                    },
+                    osp.join(folder, MODEL_NAME),
+                )
+            diagnose(
+                model,
+                report,
+                batch,
+                replay_state=state,
+                amp_dtype=amp_dtype,
+                loss_scale=loss_scale,
+                fp32_replay=self.fp32_replay,
+                anomaly=self.anomaly,
+                explosion_ratio=self.explosion_ratio,
+                optimizer_nonfinite=optimizer_bad[:20],
+            )
         runner.cfg.dump(osp.join(folder, CONFIG_NAME))
-        if self.save_model:
-            state_dict = {k: v.detach().cpu()
-                          for k, v in model.state_dict().items()}
-            torch.save(state_dict, osp.join(folder, MODEL_NAME))
         paths = write_diagnosis(report, folder)
         verdict = '\n  '.join(report['diagnosis']['verdict'])
-        runner.logger.error(f'NanGuard diagnosis:\n  {verdict}\n  '
-                            f"details: {paths['report.md']}")
+        runner.logger.error(
+            f'NanGuard diagnosis:\n  {verdict}\n  '
+            f"details: {paths['report.md']}"
+        )

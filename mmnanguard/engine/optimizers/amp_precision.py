@@ -54,17 +54,23 @@ def bf16_supported(wrapper: AmpOptimWrapper) -> bool:
     return device == 'cpu'
 
 
-def switch_precision(wrapper: AmpOptimWrapper, precision: str) -> None:
+def switch_precision(
+    wrapper: AmpOptimWrapper, precision: str, reset_scale: bool = True
+) -> None:
     """Make the rest of the run compute in ``precision``.
 
     The GradScaler stays: it keeps skipping steps with non-finite
-    gradients (which the guard relies on under AMP). Its scale is reset to
-    1.0 with its other settings kept (bf16 and fp32 need no loss scaling;
-    a collapsed scale would only lose precision).
+    gradients (which the guard relies on under AMP). With ``reset_scale``
+    its scale is reset to 1.0 and its growth tracker to 0, other settings
+    kept (bf16 and fp32 need no loss scaling; a collapsed scale would only
+    lose precision). A resumed run re-applies a switch without a reset: its
+    scaler state comes from the checkpoint.
 
     Args:
         wrapper (AmpOptimWrapper): One wrapper (not a dict).
         precision (str): ``'bfloat16'`` or ``'float32'``.
+        reset_scale (bool): Reset the GradScaler's scale to 1.0. Defaults
+            to True.
 
     Raises:
         ValueError: For another precision, or bf16 where the device lacks
@@ -92,6 +98,6 @@ def switch_precision(wrapper: AmpOptimWrapper, precision: str) -> None:
         )
     scaler = wrapper.loss_scaler
     state = scaler.state_dict()
-    if state:  # an enabled GradScaler
+    if state and reset_scale:  # an enabled GradScaler
         state.update(scale=1.0, _growth_tracker=0)
         scaler.load_state_dict(state)

@@ -1,5 +1,6 @@
 # Copyright (c) mmnanguard contributors. All rights reserved.
 """``AmpOptimWrapper`` on the CPU, for tests and CPU mixed precision."""
+
 from contextlib import contextmanager
 from typing import Union
 
@@ -33,10 +34,12 @@ class CPUAmpOptimWrapper(AmpOptimWrapper):
         ...     optimizer=dict(type='SGD', lr=0.01))
     """
 
-    def __init__(self,
-                 loss_scale: Union[str, float, dict] = 'dynamic',
-                 dtype: Union[str, torch.dtype] = 'float16',
-                 **kwargs) -> None:
+    def __init__(
+        self,
+        loss_scale: Union[str, float, dict] = 'dynamic',
+        dtype: Union[str, torch.dtype] = 'float16',
+        **kwargs,
+    ) -> None:
         OptimWrapper.__init__(self, **kwargs)
         self._scale_update_param = None
         if loss_scale == 'dynamic':
@@ -44,25 +47,33 @@ class CPUAmpOptimWrapper(AmpOptimWrapper):
         elif isinstance(loss_scale, float):
             self._scale_update_param = loss_scale
             self.loss_scaler = torch.amp.GradScaler(
-                'cpu', init_scale=loss_scale)
+                'cpu', init_scale=loss_scale
+            )
         elif isinstance(loss_scale, dict):
             self.loss_scaler = torch.amp.GradScaler('cpu', **loss_scale)
         else:
-            raise TypeError('loss_scale must be "dynamic", a float or a '
-                            f'dict of GradScaler arguments, got {loss_scale!r}')
+            raise TypeError(
+                'loss_scale must be "dynamic", a float or a '
+                f'dict of GradScaler arguments, got {loss_scale!r}'
+            )
         if isinstance(dtype, str):
             if dtype not in self.valid_dtypes:
-                raise ValueError(f'dtype={dtype!r} is invalid; expected one '
-                                 f'of {self.valid_dtypes}')
+                raise ValueError(
+                    f'dtype={dtype!r} is invalid; expected one '
+                    f'of {self.valid_dtypes}'
+                )
             dtype = getattr(torch, dtype)
         if dtype not in (torch.float16, torch.bfloat16):
-            raise ValueError(f'dtype={dtype!r} is invalid for CPU autocast; '
-                             'expected float16 or bfloat16')
+            raise ValueError(
+                f'dtype={dtype!r} is invalid for CPU autocast; '
+                'expected float16 or bfloat16'
+            )
         self.cast_dtype = dtype
 
     @contextmanager
     def optim_context(self, model: torch.nn.Module):
         """Gradient-accumulation context plus CPU autocast."""
         with OptimWrapper.optim_context(self, model), torch.autocast(
-                device_type='cpu', dtype=self.cast_dtype):
+            device_type='cpu', dtype=self.cast_dtype
+        ):
             yield

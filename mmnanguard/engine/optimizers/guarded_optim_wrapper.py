@@ -1,5 +1,6 @@
 # Copyright (c) mmnanguard contributors. All rights reserved.
 """Put a :class:`StepGuard` in front of every optimizer step."""
+
 import functools
 from typing import Dict, List, Optional, Type
 
@@ -29,10 +30,12 @@ class GuardedOptimWrapperMixin:
     _nanguard_fast_step: bool = False
     _nanguard_clip_norm = None
 
-    def update_params(self,
-                      loss,
-                      step_kwargs: Optional[Dict] = None,
-                      zero_kwargs: Optional[Dict] = None) -> None:
+    def update_params(
+        self,
+        loss,
+        step_kwargs: Optional[Dict] = None,
+        zero_kwargs: Optional[Dict] = None,
+    ) -> None:
         """``OptimWrapper.update_params`` that skips backward on a
         non-finite loss."""
         if self._nanguard.loss_is_finite(loss):
@@ -81,13 +84,13 @@ _GUARDED_CLASSES: Dict[Type, Type] = {}
 
 def _guarded_class(cls: Type) -> Type:
     if cls not in _GUARDED_CLASSES:
-        _GUARDED_CLASSES[cls] = type(f'NanGuarded{cls.__name__}',
-                                     (GuardedOptimWrapperMixin, cls), {})
+        _GUARDED_CLASSES[cls] = type(
+            f'NanGuarded{cls.__name__}', (GuardedOptimWrapperMixin, cls), {}
+        )
     return _GUARDED_CLASSES[cls]
 
 
 def _record_clip_norm(wrapper, clip_func):
-
     def clip_and_record(params, **kwargs):
         norm = clip_func(params, **kwargs)
         wrapper._nanguard_clip_norm = norm

@@ -5,6 +5,7 @@ Both are drop-in: the model computes the same losses and the pipeline
 yields the same samples, plus checks whose findings are logged or raised.
 Each rewrite returns what it changed, so that the runner can log it.
 """
+
 import copy
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -45,6 +46,34 @@ def swap_cross_entropy(model_cfg: Any, path: str = 'model') -> List[str]:
     return swapped
 
 
+def swap_module_types(
+    cfg: Any, swaps: Dict[str, str], path: str = 'model'
+) -> List[str]:
+    """Give every config dict whose ``type`` is a key of ``swaps`` the
+    mapped type, in place (its other arguments are kept).
+
+    Args:
+        cfg: The model config (dicts and lists are walked).
+        swaps (dict): Old type -> new type.
+        path (str): Name of ``cfg`` for the returned paths.
+
+    Returns:
+        list[str]: ``'path: Old -> New'`` for each swap.
+    """
+    done: List[str] = []
+    if isinstance(cfg, dict):
+        old = cfg.get('type')
+        if isinstance(old, str) and old in swaps:
+            cfg['type'] = swaps[old]
+            done.append(f'{path}: {old} -> {swaps[old]}')
+        for key, value in cfg.items():
+            done += swap_module_types(value, swaps, f'{path}.{key}')
+    elif isinstance(cfg, (list, tuple)):
+        for i, value in enumerate(cfg):
+            done += swap_module_types(value, swaps, f'{path}[{i}]')
+    return done
+
+
 def _head_value(model_cfg: Dict[str, Any], key: str) -> Any:
     """``key`` of the first head that has it (one-stage, seg, two-stage)."""
     for head in ('bbox_head', 'decode_head'):
@@ -59,8 +88,9 @@ def _head_value(model_cfg: Dict[str, Any], key: str) -> Any:
     return None
 
 
-def infer_validate_settings(cfg: Dict[str, Any],
-                            settings: Dict[str, Any]) -> Dict[str, Any]:
+def infer_validate_settings(
+    cfg: Dict[str, Any], settings: Dict[str, Any]
+) -> Dict[str, Any]:
     """Fill ``num_classes``, ``angle_version`` and ``ignore_index`` of the
     ``ValidateAnnotations`` settings from the model config where unset.
 
@@ -83,7 +113,8 @@ def infer_validate_settings(cfg: Dict[str, Any],
                 'nanguard.validate_annotations: cannot find num_classes in '
                 'model.bbox_head, model.decode_head or model.roi_head.'
                 'bbox_head; set nanguard.validate_annotations.num_classes '
-                'or set nanguard.validate_annotations=None')
+                'or set nanguard.validate_annotations=None'
+            )
         out['num_classes'] = num_classes
     if 'angle_version' not in out:
         coder = (model.get('bbox_head') or {}).get('bbox_coder') or {}
@@ -111,8 +142,8 @@ def _pipelines(dataset_cfg: Any) -> List[list]:
 
 
 def insert_validate_annotations(
-        dataloader_cfg: Dict[str, Any],
-        transform_cfg: Dict[str, Any]) -> Tuple[int, Optional[str]]:
+    dataloader_cfg: Dict[str, Any], transform_cfg: Dict[str, Any]
+) -> Tuple[int, Optional[str]]:
     """Insert ``transform_cfg`` before the ``Pack*Inputs`` transform of
     every training pipeline, in place.
 
@@ -132,7 +163,8 @@ def insert_validate_annotations(
         if any(t in VALIDATE_TYPES for t in types):
             continue
         packs = [
-            i for i, t in enumerate(types)
+            i
+            for i, t in enumerate(types)
             if t.split('.')[-1].startswith('Pack')
         ]
         if not packs:
@@ -140,6 +172,8 @@ def insert_validate_annotations(
         pipeline.insert(packs[-1], copy.deepcopy(transform_cfg))
         changed += 1
     if changed == 0:
-        return 0, ('every training pipeline already has ValidateAnnotations '
-                   'or has no Pack*Inputs transform')
+        return 0, (
+            'every training pipeline already has ValidateAnnotations '
+            'or has no Pack*Inputs transform'
+        )
     return changed, None

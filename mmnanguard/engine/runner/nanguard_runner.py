@@ -31,6 +31,9 @@ What the runner adds, from the top-level ``nanguard = dict(...)`` key
 * with ``check_labels=True``, ``CheckedCrossEntropyLoss`` for every
   upstream ``CrossEntropyLoss`` of the model (same loss; out-of-range labels
   such as a Cityscapes 255 raise an error naming the value);
+* with ``module_swaps=[dict(replace='mmdet.FocalLoss',
+  by='StableFocalLoss'), ...]``, the drop-in safe modules for the upstream
+  ones (``configs/_base_/safe_modules/``);
 * with ``validate_annotations=dict(...)``, a ``ValidateAnnotations``
   transform before the ``Pack*Inputs`` transform of the training pipeline,
   ``num_classes``/``angle_version``/``ignore_index`` taken from the model.
@@ -41,6 +44,7 @@ installed into whatever wrapper is built (``OptimWrapper``,
 ``clip_grad``'s own norm is the one it checks. The train loop is not
 touched either, so epoch- and iteration-based loops both work.
 """
+
 import copy
 import logging
 from typing import Any, Dict, Optional
@@ -50,9 +54,14 @@ from mmengine.optim import AmpOptimWrapper, OptimWrapperDict
 from mmengine.runner import Runner
 
 from mmnanguard.registry import HOOKS, RUNNERS, register_shared
+
 from ..hooks import NanGuardHook
-from .config_rewrites import (infer_validate_settings,
-                              insert_validate_annotations, swap_cross_entropy)
+from .config_rewrites import (
+    infer_validate_settings,
+    insert_validate_annotations,
+    swap_cross_entropy,
+    swap_module_types,
+)
 from .protection import ProtectionSettings
 
 
@@ -78,10 +87,12 @@ class NanGuardRunner(Runner):
         >>> nanguard = dict(policy='skip', escalate_to='rollback')
     """
 
-    def __init__(self,
-                 *args: Any,
-                 nanguard: Optional[Dict[str, Any]] = None,
-                 **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *args: Any,
+        nanguard: Optional[Dict[str, Any]] = None,
+        **kwargs: Any,
+    ) -> None:
         cfg = kwargs.get('cfg') or {}
         if nanguard is None:
             nanguard = cfg.get('nanguard')
@@ -98,32 +109,57 @@ class NanGuardRunner(Runner):
         configs that ``Runner.__init__`` is about to receive."""
         p = self.protection
         model = kwargs.get('model')
-        if p.check_labels and isinstance(model, dict):
+        if (p.check_labels or p.module_swaps) and isinstance(model, dict):
             kwargs['model'] = model = copy.deepcopy(model)
+        if p.check_labels and isinstance(model, dict):
             swapped = swap_cross_entropy(model)
             if swapped:
                 self.protection_notes.append(
-                    (logging.INFO,
-                     f'CheckedCrossEntropyLoss swapped in at {swapped}'))
+                    (
+                        logging.INFO,
+                        f'CheckedCrossEntropyLoss swapped in at {swapped}',
+                    )
+                )
+        if p.module_swaps and isinstance(model, dict):
+            swaps = {s['replace']: s['by'] for s in p.module_swaps}
+            done = swap_module_types(model, swaps)
+            self.protection_notes.append(
+                (logging.INFO, f'module swaps: {done}')
+                if done
+                else (
+                    logging.WARNING,
+                    f'module_swaps matched no module of the model: {swaps}',
+                )
+            )
         loader = kwargs.get('train_dataloader')
         if p.validate_annotations is not None and isinstance(loader, dict):
             transform = infer_validate_settings(
-                dict(cfg, model=model), p.validate_annotations)
+                dict(cfg, model=model), p.validate_annotations
+            )
             kwargs['train_dataloader'] = loader = copy.deepcopy(loader)
             changed, why_not = insert_validate_annotations(loader, transform)
             if changed:
                 self.protection_notes.append(
-                    (logging.INFO, f'{transform} inserted before '
-                     f'Pack*Inputs in {changed} training pipeline(s)'))
+                    (
+                        logging.INFO,
+                        f'{transform} inserted before '
+                        f'Pack*Inputs in {changed} training pipeline(s)',
+                    )
+                )
             else:
                 self.protection_notes.append(
-                    (logging.WARNING,
-                     f'ValidateAnnotations not inserted: {why_not}'))
+                    (
+                        logging.WARNING,
+                        f'ValidateAnnotations not inserted: {why_not}',
+                    )
+                )
 
     # -- hooks -------------------------------------------------------------
-    def register_hooks(self,
-                       default_hooks: Optional[Dict[str, Any]] = None,
-                       custom_hooks: Optional[list] = None) -> None:
+    def register_hooks(
+        self,
+        default_hooks: Optional[Dict[str, Any]] = None,
+        custom_hooks: Optional[list] = None,
+    ) -> None:
         """Register the config's hooks, then the protection hooks.
 
         Args:
@@ -137,8 +173,11 @@ class NanGuardRunner(Runner):
             _log("policy='off': no protection added", logging.WARNING)
             return
         if any(isinstance(h, NanGuardHook) for h in self._hooks):
-            _log('a NanGuardHook is already in custom_hooks; it is kept and '
-                 'the nanguard settings are not applied', logging.WARNING)
+            _log(
+                'a NanGuardHook is already in custom_hooks; it is kept and '
+                'the nanguard settings are not applied',
+                logging.WARNING,
+            )
         else:
             self.register_hook(NanGuardHook(**self.protection.guard))
         amp = self._uses_amp()
@@ -147,7 +186,12 @@ class NanGuardRunner(Runner):
             when = hook_cfg.pop('when')
             if when == 'amp' and not amp:
                 continue
-            self.register_hook(HOOKS.build(hook_cfg))
+            hook = HOOKS.build(hook_cfg)
+            if any(type(h) is type(hook) for h in self._hooks):
+                _log(f'a {type(hook).__name__} is already configured; the '
+                     'one in nanguard.hooks is not added', logging.WARNING)
+                continue
+            self.register_hook(hook)
         names = [type(h).__name__ for h in self._hooks]
         _log(f'protection active, hooks in order: {names}')
 
@@ -155,7 +199,8 @@ class NanGuardRunner(Runner):
         wrapper = self.optim_wrapper
         if isinstance(wrapper, OptimWrapperDict):
             return any(
-                isinstance(w, AmpOptimWrapper) for w in wrapper.values())
+                isinstance(w, AmpOptimWrapper) for w in wrapper.values()
+            )
         if isinstance(wrapper, AmpOptimWrapper):
             return True
         # not built yet: a config dict

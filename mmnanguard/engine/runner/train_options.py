@@ -1,6 +1,7 @@
 # Copyright (c) mmnanguard contributors. All rights reserved.
 """Config edits behind ``tools/train.py``'s ``--guard``, ``--smoke-test`` and
 ``--amp`` flags, kept here so that the script only maps flags onto them."""
+
 import math
 import os.path as osp
 from typing import Any, Dict, List, Optional, Tuple
@@ -57,17 +58,20 @@ def apply_guard_option(cfg: Config, guard: Optional[str]) -> str:
             return 'protection as configured by the config'
         return 'no protection in the config (add --guard skip to turn it on)'
     if guard not in GUARD_CHOICES:
-        raise ValueError(f'--guard {guard!r} is invalid; allowed values are '
-                         f'{GUARD_CHOICES}')
+        raise ValueError(
+            f'--guard {guard!r} is invalid; allowed values are '
+            f'{GUARD_CHOICES}'
+        )
     if not uses_nanguard_runner(cfg):
         if guard == OFF:
             return 'no protection (--guard off)'
         if cfg.get('runner_type') is not None:
             raise ValueError(
-                f"--guard {guard}: the config sets runner_type="
+                f'--guard {guard}: the config sets runner_type='
                 f"{cfg.runner_type!r}; mmnanguard's protection needs "
-                f"runner_type={RUNNER_TYPE!r}. Add NanGuardHook to "
-                'custom_hooks instead.')
+                f'runner_type={RUNNER_TYPE!r}. Add NanGuardHook to '
+                'custom_hooks instead.'
+            )
         cfg.runner_type = RUNNER_TYPE
         cfg.nanguard = default_protection()
     nanguard = dict(cfg.get('nanguard') or {})
@@ -100,10 +104,15 @@ def apply_amp_option(cfg: Config) -> str:
     if 'Amp' in current:
         return f'AMP already enabled in the config ({current})'
     if current != 'OptimWrapper':
-        raise ValueError(f'--amp needs optim_wrapper.type=OptimWrapper, the '
-                         f'config has {current!r}')
-    wanted = 'AmpOptimWrapper' if torch.cuda.is_available() else \
-        'CPUAmpOptimWrapper'
+        raise ValueError(
+            f'--amp needs optim_wrapper.type=OptimWrapper, the '
+            f'config has {current!r}'
+        )
+    wanted = (
+        'AmpOptimWrapper'
+        if torch.cuda.is_available()
+        else 'CPUAmpOptimWrapper'
+    )
     cfg.optim_wrapper.type = wanted
     cfg.optim_wrapper.loss_scale = 'dynamic'
     return f'--amp: optim_wrapper.type={wanted}'
@@ -119,7 +128,8 @@ def apply_smoke_test(cfg: Config, iters: int) -> None:
         iters (int): Number of iterations (>= 1).
     """
     cfg.train_cfg = dict(
-        type='IterBasedTrainLoop', max_iters=iters, val_interval=10**9)
+        type='IterBasedTrainLoop', max_iters=iters, val_interval=10**9
+    )
     for key in ('val_cfg', 'val_dataloader', 'val_evaluator'):
         cfg[key] = None
     cfg.default_hooks = cfg.get('default_hooks') or {}
@@ -128,8 +138,10 @@ def apply_smoke_test(cfg: Config, iters: int) -> None:
     cfg.randomness = dict(seed=0 if seed is None else seed)
     if cfg.get('log_processor') is not None:
         cfg.log_processor.by_epoch = False
-    if not uses_nanguard_runner(cfg) or \
-            (cfg.get('nanguard') or {}).get('policy') == OFF:
+    if (
+        not uses_nanguard_runner(cfg)
+        or (cfg.get('nanguard') or {}).get('policy') == OFF
+    ):
         cfg.runner_type = RUNNER_TYPE
         cfg.nanguard = default_protection()
     nanguard = dict(cfg.nanguard)
@@ -137,7 +149,8 @@ def apply_smoke_test(cfg: Config, iters: int) -> None:
         policy='skip',
         escalate_to='raise',
         max_consecutive_skips=iters + 1,
-        history_size=max(iters, nanguard.get('history_size', 50)))
+        history_size=max(iters, nanguard.get('history_size', 50)),
+    )
     cfg.nanguard = nanguard
 
 
@@ -160,6 +173,7 @@ def smoke_test_rows(runner) -> Tuple[List[str], bool]:
         incident occurred.
     """
     from ..hooks import NanGuardHook
+
     guard = next(h for h in runner.hooks if isinstance(h, NanGuardHook))
     lines, ok = [], guard.counters['incidents'] == 0
     for row in guard.history.to_list():
@@ -168,7 +182,8 @@ def smoke_test_rows(runner) -> Tuple[List[str], bool]:
         ok = ok and not bad
         text = '  '.join(
             f'{k}={v:.4g}' if isinstance(v, float) else f'{k}={v}'
-            for k, v in values.items())
+            for k, v in values.items()
+        )
         flag = f'  NON-FINITE: {bad}' if bad else ''
         lines.append(f"iter {row['iteration'] + 1}: {text}{flag}")
     return lines, ok

@@ -182,11 +182,16 @@ def test_check_rboxes_size_and_finite():
             [5.0, 5.0, 30.0, 1.0, 0.1],
             [math.nan, 5.0, 3.0, 3.0, 0.1],
             [5.0, 5.0, 3.0, 3.0, 0.1],
+            # what ConvertBoxType makes of a NaN corner: only non-finite
+            [math.nan, math.nan, 0.0, 0.0, 0.0],
+            [5.0, 5.0, 3.0, 3.0, math.inf],
         ]
     )
     found = checks.check_rboxes(boxes, 1.0, angle_version='le90')
     assert [(v.check, v.index) for v in found] == [
         ('rbox_finite', 2),
+        ('rbox_finite', 4),
+        ('rbox_finite', 5),
         ('rbox_size', 0),
         ('rbox_size', 1),
     ]
@@ -686,10 +691,28 @@ def test_cityscapes_seg_values_filter_and_warn(
 
 
 # ---------------------------------------------- the count in a real run
-def test_filter_counts_reach_the_training_log(tmp_path):
+def test_without_the_transform_zero_width_gives_inf_loss(tmp_path):
+    """The contrast case of the next test: the same run without
+    ValidateAnnotations has an infinite box loss (log of a zero width)."""
+    from mmengine.runner import Runner
+
+    root = str(tmp_path / 'dota')
+    generate_dota(root, num_images=4, seed=0, broken=('zero_width',) * 4)
+    cfg = load_tiny_config(
+        TINY_DOTA_CONFIG, str(tmp_path / 'work'), root, max_iters=1
+    )
+    runner = Runner.from_cfg(cfg)
+    runner.train()
+    (loss_bbox,) = runner.message_hub.get_scalar('train/loss_bbox').data[0]
+    assert loss_bbox == math.inf
+
+
+@pytest.mark.parametrize('num_workers', [0, 2])
+def test_filter_counts_reach_the_training_log(tmp_path, num_workers):
     """Rotated RetinaNet trains 2 iterations on a DOTA set where every
     image has a zero-width box; the mmengine text log of the run names each
-    dropped instance and the running count."""
+    dropped instance and the running count, also from (forked) dataloader
+    workers, and the losses stay finite."""
     from mmengine.runner import Runner
 
     root = str(tmp_path / 'dota')
@@ -704,10 +727,11 @@ def test_filter_counts_reach_the_training_log(tmp_path):
         angle_version='le90',
     )
     cfg.train_dataloader.dataset.pipeline = pipeline
+    cfg.train_dataloader.num_workers = num_workers
     runner = Runner.from_cfg(cfg)
     runner.train()
     losses, _ = runner.message_hub.get_scalar('train/loss').data
-    assert np.isfinite(losses).all()
+    assert len(losses) == 2 and np.isfinite(losses).all()
     (log_path,) = [
         osp.join(runner.log_dir, f)
         for f in os.listdir(runner.log_dir)
@@ -715,13 +739,15 @@ def test_filter_counts_reach_the_training_log(tmp_path):
     ]
     with open(log_path) as f:
         log = f.read()
-    # 2 iterations x batch 2 = 4 samples, one zero-width box each
-    assert (
-        log.count(
-            'ValidateAnnotations(policy=filter): dropped 1 '
-            'invalid instance(s) [1]'
-        )
-        == 4
+    drops = log.count(
+        'ValidateAnnotations(policy=filter): dropped 1 invalid instance(s) [1]'
     )
-    assert 'nanguard_invalid_instances=4' in log
     assert 'rbox_size failed for instance 1' in log
+    if num_workers == 0:
+        # 2 iterations x batch 2 = 4 samples, one zero-width box each
+        assert drops == 4
+        assert 'nanguard_invalid_instances=4' in log
+    else:
+        # each worker counts its own samples; workers may prefetch more
+        assert drops >= 4
+        assert 'nanguard_invalid_instances=2' in log

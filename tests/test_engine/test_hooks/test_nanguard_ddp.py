@@ -1,6 +1,7 @@
 # Copyright (c) mmnanguard contributors. All rights reserved.
 """Two gloo processes on the CPU, a fault on rank 1 only: both ranks take
 the same action, nobody hangs, and both finish."""
+
 import json
 import os
 import os.path as osp
@@ -21,24 +22,37 @@ def _free_port() -> int:
 
 
 def _worker(rank, world_size, port, work_dir, data_root, policy, fault):
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank),
-                      WORLD_SIZE=str(world_size), MASTER_ADDR='127.0.0.1',
-                      MASTER_PORT=str(port))
+    os.environ.update(
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+        MASTER_ADDR='127.0.0.1',
+        MASTER_PORT=str(port),
+    )
     torch.set_num_threads(1)
-    import mmnanguard  # noqa: F401
     from mmengine.runner import Runner
 
+    import mmnanguard  # noqa: F401
     from mmnanguard.compat.cpu_distributed import prepare_cpu_distributed
     from mmnanguard.engine.hooks import NanGuardHook
     from mmnanguard.testing import TINY_DOTA_CONFIG, load_tiny_config
+
     cfg = load_tiny_config(
-        TINY_DOTA_CONFIG, work_dir, data_root, max_iters=MAX_ITERS,
+        TINY_DOTA_CONFIG,
+        work_dir,
+        data_root,
+        max_iters=MAX_ITERS,
         launcher='pytorch',
         custom_hooks=[
-            dict(type='FaultInjectionHook', fault=fault,
-                 iteration=FAULT_ITER, rank=1),
-            dict(type='NanGuardHook', policy=policy, snapshot_interval=1)
-        ])
+            dict(
+                type='FaultInjectionHook',
+                fault=fault,
+                iteration=FAULT_ITER,
+                rank=1,
+            ),
+            dict(type='NanGuardHook', policy=policy, snapshot_interval=1),
+        ],
+    )
     cfg.env_cfg.dist_cfg = dict(backend='gloo')
     assert prepare_cpu_distributed(cfg, 'pytorch')
     runner = Runner.from_cfg(cfg)
@@ -46,22 +60,35 @@ def _worker(rank, world_size, port, work_dir, data_root, policy, fault):
     guard = next(h for h in runner.hooks if isinstance(h, NanGuardHook))
     checksum = float(sum(p.double().sum() for p in runner.model.parameters()))
     with open(osp.join(work_dir, f'rank{rank}.json'), 'w') as f:
-        json.dump(dict(iter=runner.iter, counters=guard.counters,
-                       report=guard.last_report, checksum=checksum), f,
-                  default=str)
+        json.dump(
+            dict(
+                iter=runner.iter,
+                counters=guard.counters,
+                report=guard.last_report,
+                checksum=checksum,
+            ),
+            f,
+            default=str,
+        )
 
 
-@pytest.mark.parametrize('policy, fault', [('skip', 'inf_loss'),
-                                           ('rollback', 'nan_grad')])
-def test_fault_on_rank1_both_ranks_agree(tmp_path, tiny_dota_root, policy,
-                                         fault):
+@pytest.mark.parametrize(
+    'policy, fault', [('skip', 'inf_loss'), ('rollback', 'nan_grad')]
+)
+def test_fault_on_rank1_both_ranks_agree(
+    tmp_path, tiny_dota_root, policy, fault
+):
     work_dir = str(tmp_path)
     mp.start_processes(
         _worker,
         args=(2, _free_port(), work_dir, tiny_dota_root, policy, fault),
-        nprocs=2, join=True, start_method='spawn')
-    results = [json.load(open(osp.join(work_dir, f'rank{r}.json')))
-               for r in (0, 1)]
+        nprocs=2,
+        join=True,
+        start_method='spawn',
+    )
+    results = [
+        json.load(open(osp.join(work_dir, f'rank{r}.json'))) for r in (0, 1)
+    ]
     for result in results:
         assert result['iter'] == MAX_ITERS
         report = result['report']
@@ -75,5 +102,6 @@ def test_fault_on_rank1_both_ranks_agree(tmp_path, tiny_dota_root, policy,
     assert results[0]['report']['local_fault'] is (fault == 'nan_grad')
     assert results[0]['counters'] == results[1]['counters']
     # the replicas are still identical: nobody stepped alone
-    assert results[0]['checksum'] == pytest.approx(results[1]['checksum'],
-                                                   rel=0, abs=1e-9)
+    assert results[0]['checksum'] == pytest.approx(
+        results[1]['checksum'], rel=0, abs=1e-9
+    )

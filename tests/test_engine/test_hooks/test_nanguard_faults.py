@@ -6,6 +6,7 @@ happens, the parameters stay bit-identical through a skipped iteration, the
 run completes under skip/rollback, it stops with a named error under raise,
 and no checkpoint on disk holds a non-finite value.
 """
+
 import glob
 import json
 import os.path as osp
@@ -16,8 +17,11 @@ from mmengine.hooks import Hook
 from mmengine.runner import Runner
 
 from mmnanguard.engine import NonFiniteTrainingError
-from mmnanguard.testing import (TINY_DOTA_CONFIG, load_tiny_config,
-                                tensors_all_finite)
+from mmnanguard.testing import (
+    TINY_DOTA_CONFIG,
+    load_tiny_config,
+    tensors_all_finite,
+)
 
 MAX_ITERS = 5
 FAULT_ITER = 2
@@ -48,8 +52,9 @@ class ParamRecorder(Hook):
     def before_train_iter(self, runner, batch_idx, data_batch=None):
         self.before[runner.iter] = self._copy(runner)
 
-    def after_train_iter(self, runner, batch_idx, data_batch=None,
-                         outputs=None):
+    def after_train_iter(
+        self, runner, batch_idx, data_batch=None, outputs=None
+    ):
         self.after[runner.iter] = self._copy(runner)
 
 
@@ -61,13 +66,18 @@ def _run(tmp_path, data_root, fault, policy):
         data_root,
         max_iters=MAX_ITERS,
         custom_hooks=[
-            dict(type='FaultInjectionHook', fault=fault,
-                 iteration=FAULT_ITER),
-            dict(type='NanGuardHook', policy=policy, snapshot_interval=1,
-                 max_consecutive_skips=1),
-        ])
+            dict(type='FaultInjectionHook', fault=fault, iteration=FAULT_ITER),
+            dict(
+                type='NanGuardHook',
+                policy=policy,
+                snapshot_interval=1,
+                max_consecutive_skips=1,
+            ),
+        ],
+    )
     cfg.default_hooks.checkpoint = dict(
-        type='CheckpointHook', interval=1, by_epoch=False, max_keep_ckpts=-1)
+        type='CheckpointHook', interval=1, by_epoch=False, max_keep_ckpts=-1
+    )
     runner = Runner.from_cfg(cfg)
     recorder = ParamRecorder()
     runner.register_hook(recorder)
@@ -84,16 +94,18 @@ def _guard(runner):
 
 
 def _reports(work_dir):
-    paths = sorted(glob.glob(osp.join(work_dir, 'nanguard', '*',
-                                      'report.json')))
+    paths = sorted(
+        glob.glob(osp.join(work_dir, 'nanguard', '*', 'report.json'))
+    )
     return [json.load(open(p)) for p in paths]
 
 
 @pytest.mark.parametrize('policy', ['raise', 'skip', 'rollback'])
 @pytest.mark.parametrize('fault', list(FAULTS))
 def test_fault_under_policy(tmp_path, tiny_dota_root, fault, policy):
-    runner, recorder, error, work_dir = _run(tmp_path, tiny_dota_root, fault,
-                                             policy)
+    runner, recorder, error, work_dir = _run(
+        tmp_path, tiny_dota_root, fault, policy
+    )
     first_bad, kind = FAULTS[fault]
     reports = _reports(work_dir)
     assert reports, 'an incident report was written'
@@ -101,10 +113,10 @@ def test_fault_under_policy(tmp_path, tiny_dota_root, fault, policy):
     assert first['iteration'] == first_bad
     if kind is not None:
         assert first['kind'] == kind
-    assert osp.isfile(osp.join(osp.dirname(first['report_path']),
-                               'batch.pth'))
+    assert osp.isfile(osp.join(osp.dirname(first['report_path']), 'batch.pth'))
     assert [s['img_path'] for s in first['samples']] and all(
-        s['img_path'].endswith('.png') for s in first['samples'])
+        s['img_path'].endswith('.png') for s in first['samples']
+    )
     if fault == 'inf_loss':
         assert 'loss_cls' in first['nonfinite_terms']
     if fault == 'nan_grad':
@@ -123,16 +135,16 @@ def test_fault_under_policy(tmp_path, tiny_dota_root, fault, policy):
         assert _guard(runner).counters['incidents'] >= 1
     if policy == 'skip' and kind in ('nonfinite_loss', 'nonfinite_grad'):
         # a skipped iteration leaves every parameter bit-identical
-        for before, after in zip(recorder.before[first_bad],
-                                 recorder.after[first_bad]):
+        for before, after in zip(
+            recorder.before[first_bad], recorder.after[first_bad]
+        ):
             assert torch.equal(before, after)
     if policy == 'rollback' or first['action'] == 'rollback':
         assert _guard(runner).counters['rollbacks'] >= 1
     # the weights in memory are finite, except where `raise` stopped the run
     # right after a step that made them non-finite (nothing is saved then)
     if not (policy == 'raise' and kind == 'nonfinite_params'):
-        assert all(
-            torch.isfinite(p).all() for p in runner.model.parameters())
+        assert all(torch.isfinite(p).all() for p in runner.model.parameters())
     ckpts = glob.glob(osp.join(work_dir, '*.pth'))
     assert ckpts, 'checkpoints were written'
     for path in ckpts:

@@ -1,6 +1,7 @@
 # Copyright (c) mmnanguard contributors. All rights reserved.
 """NanGuardHook on a toy model: each optimizer wrapper, accumulation, each
 policy, counters in the logs and in checkpoints, poisoned checkpoints."""
+
 import glob
 import json
 import os.path as osp
@@ -15,13 +16,17 @@ from mmengine.runner import Runner
 from mmnanguard.engine import NonFiniteTrainingError, PoisonedCheckpointError
 from mmnanguard.engine.hooks import NanGuardHook
 from mmnanguard.testing import tensors_all_finite
-from mmnanguard.testing.toy import (ToyModel, TwoOptimizerToyModel,
-                                    toy_runner_cfg)
+from mmnanguard.testing.toy import (
+    ToyModel,
+    TwoOptimizerToyModel,
+    toy_runner_cfg,
+)
 
 
 def fault(kind, iteration, **kwargs):
-    return dict(type='FaultInjectionHook', fault=kind, iteration=iteration,
-                **kwargs)
+    return dict(
+        type='FaultInjectionHook', fault=kind, iteration=iteration, **kwargs
+    )
 
 
 def guard(**kwargs):
@@ -41,16 +46,18 @@ class Params(Hook):
             p.detach().clone() for p in runner.model.parameters()
         ]
 
-    def after_train_iter(self, runner, batch_idx, data_batch=None,
-                         outputs=None):
+    def after_train_iter(
+        self, runner, batch_idx, data_batch=None, outputs=None
+    ):
         self.after[runner.iter] = [
             p.detach().clone() for p in runner.model.parameters()
         ]
 
 
 def run(tmp_path, hooks, **kwargs):
-    runner = Runner(**toy_runner_cfg(str(tmp_path), custom_hooks=hooks,
-                                     **kwargs))
+    runner = Runner(
+        **toy_runner_cfg(str(tmp_path), custom_hooks=hooks, **kwargs)
+    )
     params = Params()
     runner.register_hook(params)
     runner.train()
@@ -63,9 +70,10 @@ def the_guard(runner) -> NanGuardHook:
 
 def reports(work_dir):
     return [
-        json.load(open(p)) for p in sorted(
-            glob.glob(osp.join(str(work_dir), 'nanguard', '*',
-                               'report.json')))
+        json.load(open(p))
+        for p in sorted(
+            glob.glob(osp.join(str(work_dir), 'nanguard', '*', 'report.json'))
+        )
     ]
 
 
@@ -75,34 +83,43 @@ def same(xs, ys):
 
 def test_triggered_stages():
     assert set(NanGuardHook().get_triggered_stages()) == {
-        'before_train', 'before_train_iter', 'after_train_iter',
-        'before_save_checkpoint', 'after_load_checkpoint', 'after_train'
+        'before_train',
+        'before_train_iter',
+        'after_train_iter',
+        'before_save_checkpoint',
+        'after_load_checkpoint',
+        'after_train',
     }
 
 
 def test_registered_for_every_scope():
     assert MMENGINE_HOOKS.get('NanGuardHook') is NanGuardHook
     from mmnanguard.registry import HOOKS
+
     assert HOOKS.get('mmnanguard.NanGuardHook') is NanGuardHook
 
 
-@pytest.mark.parametrize('settings, key', [
-    (dict(policy='skiip'), 'policy'),
-    (dict(escalate_to='skip'), 'escalate_to'),
-    (dict(snapshot_interval=-1), 'snapshot_interval'),
-    (dict(snapshot_interval=0), 'snapshot_interval'),
-    (dict(param_check_interval=-2), 'param_check_interval'),
-    (dict(lr_backoff=0), 'lr_backoff'),
-    (dict(lr_backoff=1.5), 'lr_backoff'),
-    (dict(lr_backoff='half'), 'lr_backoff'),
-    (dict(max_rollbacks=0), 'max_rollbacks'),
-    (dict(rollback_source='disk'), 'rollback_source'),
-    (dict(polcy='skip'), 'polcy'),
-])
+@pytest.mark.parametrize(
+    'settings, key',
+    [
+        (dict(policy='skiip'), 'policy'),
+        (dict(escalate_to='skip'), 'escalate_to'),
+        (dict(snapshot_interval=-1), 'snapshot_interval'),
+        (dict(snapshot_interval=0), 'snapshot_interval'),
+        (dict(param_check_interval=-2), 'param_check_interval'),
+        (dict(lr_backoff=0), 'lr_backoff'),
+        (dict(lr_backoff=1.5), 'lr_backoff'),
+        (dict(lr_backoff='half'), 'lr_backoff'),
+        (dict(max_rollbacks=0), 'max_rollbacks'),
+        (dict(rollback_source='disk'), 'rollback_source'),
+        (dict(polcy='skip'), 'polcy'),
+    ],
+)
 def test_bad_settings_fail_when_runner_is_built(tmp_path, settings, key):
     with pytest.raises(ValueError) as err:
-        Runner(**toy_runner_cfg(str(tmp_path), custom_hooks=[guard(
-            **settings)]))
+        Runner(
+            **toy_runner_cfg(str(tmp_path), custom_hooks=[guard(**settings)])
+        )
     message = str(err.value)
     assert key in message
     if key in settings and key != 'polcy':
@@ -110,61 +127,83 @@ def test_bad_settings_fail_when_runner_is_built(tmp_path, settings, key):
 
 
 @pytest.mark.parametrize('wrapper', ['fp32', 'fp32_clip', 'bf16'])
-@pytest.mark.parametrize('kind, incident', [('inf_loss', 'nonfinite_objective'),
-                                            ('nan_grad', 'nonfinite_grad'),
-                                            ('nan_pixel', 'nonfinite_objective')])
+@pytest.mark.parametrize(
+    'kind, incident',
+    [
+        ('inf_loss', 'nonfinite_objective'),
+        ('nan_grad', 'nonfinite_grad'),
+        ('nan_pixel', 'nonfinite_objective'),
+    ],
+)
 def test_skip_keeps_weights_bit_identical(tmp_path, wrapper, kind, incident):
-    optim = dict(type='OptimWrapper',
-                 optimizer=dict(type='SGD', lr=0.01, momentum=0.9))
+    optim = dict(
+        type='OptimWrapper', optimizer=dict(type='SGD', lr=0.01, momentum=0.9)
+    )
     model = ToyModel()
     if wrapper == 'fp32_clip':
         optim['clip_grad'] = dict(max_norm=1.0)
     if wrapper == 'bf16':
         model = ToyModel(dtype=torch.bfloat16)
-    runner, params = run(tmp_path, [fault(kind, 2), guard(policy='skip')],
-                         optim_wrapper=optim, model=model)
+    runner, params = run(
+        tmp_path,
+        [fault(kind, 2), guard(policy='skip')],
+        optim_wrapper=optim,
+        model=model,
+    )
     assert runner.iter == 6
     assert same(params.before[2], params.after[2])
     assert not same(params.before[3], params.after[3]), 'training goes on'
     g = the_guard(runner)
     assert g.counters['skipped'] == 1 and g.counters[incident] == 1
-    (report, ) = reports(tmp_path)
+    (report,) = reports(tmp_path)
     assert report['iteration'] == 2 and report['action'] == 'skip'
     if kind == 'inf_loss':
         assert report['nonfinite_terms'] == {'loss_a': 'inf', 'loss': 'inf'}
     if kind == 'nan_grad':
         assert report['grad_norm'] == 'nan'
         assert report['top_grad_params'][0] == dict(
-            name='a.weight', grad_norm='nan')
+            name='a.weight', grad_norm='nan'
+        )
 
 
 def test_clip_grad_norm_is_reused_not_recomputed(tmp_path, monkeypatch):
     from mmnanguard.engine.optimizers import guarded_optim_wrapper as gow
+
     calls = []
     original = gow.total_norm
-    monkeypatch.setattr(gow, 'total_norm',
-                        lambda ts: calls.append(1) or original(ts))
-    optim = dict(type='OptimWrapper', clip_grad=dict(max_norm=1.0),
-                 optimizer=dict(type='SGD', lr=0.01))
+    monkeypatch.setattr(
+        gow, 'total_norm', lambda ts: calls.append(1) or original(ts)
+    )
+    optim = dict(
+        type='OptimWrapper',
+        clip_grad=dict(max_norm=1.0),
+        optimizer=dict(type='SGD', lr=0.01),
+    )
     runner, _ = run(tmp_path, [guard()], optim_wrapper=optim)
     assert calls == []
     # and the norm the guard saw is the one clip_grad logged
     logged = runner.message_hub.get_scalar('train/grad_norm').current()
-    assert the_guard(runner).history.to_list()[-1]['grad_norm'] == \
-        pytest.approx(logged)
+    assert the_guard(runner).history.to_list()[-1][
+        'grad_norm'
+    ] == pytest.approx(logged)
 
 
 def test_amp_scaler_skips_are_counted_not_incidents(tmp_path):
-    optim = dict(type='CPUAmpOptimWrapper', dtype='float16',
-                 loss_scale=dict(init_scale=2.0**40, growth_interval=1000),
-                 optimizer=dict(type='SGD', lr=0.01))
-    runner, _ = run(tmp_path, [guard(policy='raise')], optim_wrapper=optim,
-                    max_iters=8)
+    optim = dict(
+        type='CPUAmpOptimWrapper',
+        dtype='float16',
+        loss_scale=dict(init_scale=2.0**40, growth_interval=1000),
+        optimizer=dict(type='SGD', lr=0.01),
+    )
+    runner, _ = run(
+        tmp_path, [guard(policy='raise')], optim_wrapper=optim, max_iters=8
+    )
     g = the_guard(runner)
     scaler = runner.optim_wrapper.loss_scaler
     # every halving of the scale is one skipped step, none an incident
-    halvings = round(torch.log2(torch.tensor(2.0**40 / scaler.get_scale()))
-                     .item())
+    halvings = round(
+        torch.log2(torch.tensor(2.0**40 / scaler.get_scale())).item()
+    )
     assert halvings >= 1
     assert g.counters['amp_skipped'] == halvings
     assert g.counters['incidents'] == 0 and reports(tmp_path) == []
@@ -174,27 +213,38 @@ def test_optim_wrapper_dict_guards_each_member(tmp_path):
     model = TwoOptimizerToyModel()
     optim = OptimWrapperDict(
         a=OptimWrapper(torch.optim.SGD(model.a.parameters(), lr=0.1)),
-        b=OptimWrapper(torch.optim.SGD(model.b.parameters(), lr=0.1)))
+        b=OptimWrapper(torch.optim.SGD(model.b.parameters(), lr=0.1)),
+    )
     runner, params = run(
-        tmp_path, [fault('inf_loss', 2, loss_key='loss_b'),
-                   guard(policy='skip')],
-        optim_wrapper=optim, model=model)
+        tmp_path,
+        [fault('inf_loss', 2, loss_key='loss_b'), guard(policy='skip')],
+        optim_wrapper=optim,
+        model=model,
+    )
     # parameters: a.weight, a.bias, b.weight, b.bias
     before, after = params.before[2], params.after[2]
     assert not same(before[:2], after[:2]), 'a stepped on its finite loss'
     assert same(before[2:], after[2:]), 'b skipped its non-finite loss'
     g = the_guard(runner)
-    assert g.counters['nonfinite_objective'] == 1 and g.counters['skipped'] == 1
+    assert (
+        g.counters['nonfinite_objective'] == 1 and g.counters['skipped'] == 1
+    )
     assert runner.iter == 6
 
 
-@pytest.mark.parametrize('kind, at', [('inf_loss', 2), ('inf_loss', 3),
-                                      ('nan_grad', 2), ('nan_grad', 3)])
+@pytest.mark.parametrize(
+    'kind, at',
+    [('inf_loss', 2), ('inf_loss', 3), ('nan_grad', 2), ('nan_grad', 3)],
+)
 def test_accumulation_drops_the_poisoned_window(tmp_path, kind, at):
-    optim = dict(type='OptimWrapper', accumulative_counts=2,
-                 optimizer=dict(type='SGD', lr=0.1))
-    runner, params = run(tmp_path, [fault(kind, at), guard(policy='skip')],
-                         optim_wrapper=optim)
+    optim = dict(
+        type='OptimWrapper',
+        accumulative_counts=2,
+        optimizer=dict(type='SGD', lr=0.1),
+    )
+    runner, params = run(
+        tmp_path, [fault(kind, at), guard(policy='skip')], optim_wrapper=optim
+    )
     # window [2, 3] steps at iteration 3: dropped as a whole
     assert same(params.before[2], params.after[3])
     assert not same(params.before[4], params.after[5])
@@ -202,41 +252,56 @@ def test_accumulation_drops_the_poisoned_window(tmp_path, kind, at):
     assert g.counters['skipped'] == 1 and g.counters['incidents'] == 1
     # a non-finite loss is seen in its own micro-batch; non-finite gradients
     # are seen at the window's step, where the summed gradients are checked
-    assert reports(tmp_path)[0]['iteration'] == (at if kind == 'inf_loss'
-                                                 else 3)
+    assert reports(tmp_path)[0]['iteration'] == (
+        at if kind == 'inf_loss' else 3
+    )
 
 
 def test_raise_names_iteration_terms_and_report(tmp_path):
     with pytest.raises(NonFiniteTrainingError) as err:
         run(tmp_path, [fault('inf_loss', 3), guard(policy='raise')])
     message = str(err.value)
-    (report, ) = reports(tmp_path)
-    for needle in ('iteration 3', 'epoch 0', 'loss_a=inf', 'grad_norm=',
-                   report['report_path']):
+    (report,) = reports(tmp_path)
+    for needle in (
+        'iteration 3',
+        'epoch 0',
+        'loss_a=inf',
+        'grad_norm=',
+        report['report_path'],
+    ):
         assert needle in message
 
 
 def test_skip_escalates_after_max_consecutive_skips(tmp_path):
     hooks = [fault('inf_loss', i) for i in (2, 3, 4)]
-    hooks.append(guard(policy='skip', max_consecutive_skips=2,
-                       escalate_to='raise'))
+    hooks.append(
+        guard(policy='skip', max_consecutive_skips=2, escalate_to='raise')
+    )
     with pytest.raises(NonFiniteTrainingError, match='max_consecutive_skips'):
         run(tmp_path, hooks)
-    assert [r['action'] for r in reports(tmp_path)] == ['skip', 'skip',
-                                                       'raise']
+    assert [r['action'] for r in reports(tmp_path)] == [
+        'skip',
+        'skip',
+        'raise',
+    ]
 
 
 def test_rollback_restores_state_and_backs_off_lr(tmp_path):
-    sched = [dict(type='LinearLR', start_factor=0.5, by_epoch=False,
-                  begin=0, end=4)]
+    sched = [
+        dict(type='LinearLR', start_factor=0.5, by_epoch=False, begin=0, end=4)
+    ]
     runner, params = run(
         tmp_path,
-        [fault('nan_optimizer_state', 3),
-         guard(policy='rollback', snapshot_interval=2, lr_backoff=0.5)],
-        param_scheduler=sched, max_iters=5)
+        [
+            fault('nan_optimizer_state', 3),
+            guard(policy='rollback', snapshot_interval=2, lr_backoff=0.5),
+        ],
+        param_scheduler=sched,
+        max_iters=5,
+    )
     g = the_guard(runner)
     assert g.counters['rollbacks'] == 1
-    (report, ) = reports(tmp_path)
+    (report,) = reports(tmp_path)
     assert report['kind'] == 'nonfinite_params' and report['iteration'] == 3
     # the snapshot was taken after iteration 1 (start of iteration 2)
     assert same(params.after[1], params.after[3])
@@ -247,7 +312,8 @@ def test_rollback_restores_state_and_backs_off_lr(tmp_path):
     lr_at_2 = 0.01 * (0.5 + 0.5 * 2 / 4)
     lr_at_3 = lr_at_2 * 0.5 * (0.5 + 0.5 * 3 / 4) / (0.5 + 0.5 * 2 / 4)
     assert runner.optim_wrapper.get_lr()['lr'][0] == pytest.approx(
-        lr_at_3 * (0.5 + 0.5 * 4 / 4) / (0.5 + 0.5 * 3 / 4))
+        lr_at_3 * (0.5 + 0.5 * 4 / 4) / (0.5 + 0.5 * 3 / 4)
+    )
 
 
 def test_max_rollbacks_then_raise(tmp_path):
@@ -258,24 +324,36 @@ def test_max_rollbacks_then_raise(tmp_path):
 
 
 def test_counters_reach_text_log_and_visualizer(tmp_path):
-    runner, _ = run(tmp_path, [fault('inf_loss', 2), guard()],
-                    visualizer=dict(type='Visualizer', vis_backends=[
-                        dict(type='LocalVisBackend'),
-                        dict(type='TensorboardVisBackend')
-                    ]))
+    runner, _ = run(
+        tmp_path,
+        [fault('inf_loss', 2), guard()],
+        visualizer=dict(
+            type='Visualizer',
+            vis_backends=[
+                dict(type='LocalVisBackend'),
+                dict(type='TensorboardVisBackend'),
+            ],
+        ),
+    )
     log = open(glob.glob(osp.join(str(tmp_path), '*', '*.log'))[0]).read()
     assert 'nanguard_skipped: 1 ' in log
     assert 'nanguard_nonfinite_objective: 1 ' in log
     scalars = [
-        json.loads(line) for line in open(
-            glob.glob(osp.join(str(tmp_path), '*', 'vis_data',
-                               'scalars.json'))[0])
+        json.loads(line)
+        for line in open(
+            glob.glob(
+                osp.join(str(tmp_path), '*', 'vis_data', 'scalars.json')
+            )[0]
+        )
     ]
     assert scalars[-1]['nanguard_skipped'] == 1
-    from tensorboard.backend.event_processing.event_accumulator import \
-        EventAccumulator
+    from tensorboard.backend.event_processing.event_accumulator import (
+        EventAccumulator,
+    )
+
     events = EventAccumulator(
-        glob.glob(osp.join(str(tmp_path), '*', 'vis_data'))[0])
+        glob.glob(osp.join(str(tmp_path), '*', 'vis_data'))[0]
+    )
     events.Reload()
     assert [s.value for s in events.Scalars('nanguard_skipped')][-1] == 1
 
@@ -284,20 +362,26 @@ def test_counters_saved_and_restored_on_resume(tmp_path):
     runner, _ = run(tmp_path, [fault('inf_loss', 1), guard()], max_iters=4)
     ckpt = torch.load(osp.join(str(tmp_path), 'iter_4.pth'))
     assert ckpt['nanguard']['counters']['skipped'] == 1
-    resumed = Runner(**toy_runner_cfg(str(tmp_path), max_iters=6,
-                                      custom_hooks=[guard()], resume=True))
+    resumed = Runner(
+        **toy_runner_cfg(
+            str(tmp_path), max_iters=6, custom_hooks=[guard()], resume=True
+        )
+    )
     resumed.train()
     assert the_guard(resumed).counters['skipped'] == 1
-    assert resumed.message_hub.get_scalar(
-        'train/nanguard_skipped').current() == 1
+    assert (
+        resumed.message_hub.get_scalar('train/nanguard_skipped').current() == 1
+    )
 
 
 @pytest.mark.parametrize('policy', ['raise', 'skip'])
 def test_poisoned_checkpoint_is_never_written(tmp_path, policy):
     # the per-iteration parameter check is off: the checkpoint check is the
     # last line of defence
-    hooks = [fault('nan_optimizer_state', 3),
-             guard(policy=policy, param_check_interval=0)]
+    hooks = [
+        fault('nan_optimizer_state', 3),
+        guard(policy=policy, param_check_interval=0),
+    ]
     if policy == 'raise':
         with pytest.raises(PoisonedCheckpointError):
             run(tmp_path, hooks)
@@ -318,9 +402,15 @@ def test_poisoned_checkpoint_is_never_written(tmp_path, policy):
 def test_rollback_from_last_good_checkpoint(tmp_path):
     runner, params = run(
         tmp_path,
-        [fault('nan_optimizer_state', 3),
-         guard(policy='rollback', rollback_source='checkpoint',
-               snapshot_interval=100)])
+        [
+            fault('nan_optimizer_state', 3),
+            guard(
+                policy='rollback',
+                rollback_source='checkpoint',
+                snapshot_interval=100,
+            ),
+        ],
+    )
     g = the_guard(runner)
     assert g.counters['rollbacks'] == 1
     ckpt = torch.load(osp.join(str(tmp_path), 'iter_2.pth'))
@@ -332,13 +422,15 @@ def test_rollback_from_last_good_checkpoint(tmp_path):
 
 def test_max_incidents_bounds_folders(tmp_path):
     hooks = [fault('inf_loss', i) for i in (1, 2, 3)]
-    hooks.append(guard(policy='skip', max_incidents=2,
-                       max_consecutive_skips=5))
+    hooks.append(
+        guard(policy='skip', max_incidents=2, max_consecutive_skips=5)
+    )
     runner, _ = run(tmp_path, hooks)
     assert the_guard(runner).counters['incidents'] == 3
     assert len(reports(tmp_path)) == 2
     batch = torch.load(
         glob.glob(osp.join(str(tmp_path), 'nanguard', '*', 'batch.pth'))[0],
-        weights_only=False)
+        weights_only=False,
+    )
     assert set(batch) == {'data_batch', 'rng_state', 'iteration'}
     assert batch['data_batch']['inputs'].shape == (2, 4)
