@@ -122,6 +122,11 @@ def summary(work_dir: str, planted: dict) -> bool:
             f"{report['grad_norm']}) in batch {samples} -> action "
             f"{report['action']}"
         )
+        verdict = (report.get('diagnosis') or {}).get('verdict') or []
+        for line in verdict:
+            say(f'  {line}')
+        if verdict:
+            say(f"  diagnosis: {osp.join(osp.dirname(path), 'report.md')}")
         say(f'  report: {path}')
     last = osp.join(work_dir, 'last_checkpoint')
     ckpt_path = open(last).read().strip() if osp.isfile(last) else None

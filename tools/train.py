@@ -160,6 +160,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     from mmnanguard.datasets import InvalidAnnotationError
     from mmnanguard.engine import NonFiniteTrainingError
     from mmnanguard.engine.runner import train_options as opts
+    from mmnanguard.models.losses import InvalidLabelError
 
     try:
         cfg, notes = build_config(args)
@@ -183,7 +184,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     print_log(f'tools/train.py: {"; ".join(notes)}', logger='current')
     try:
         runner.train()
-    except (NonFiniteTrainingError, InvalidAnnotationError) as err:
+    except (
+        NonFiniteTrainingError,
+        InvalidAnnotationError,
+        InvalidLabelError,
+    ) as err:
         return fail(
             f'{type(err).__name__}: {err} Training stopped; the log and the '
             f'incident reports are under {cfg.work_dir}.',

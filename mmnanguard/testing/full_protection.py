@@ -8,8 +8,9 @@ the other protection pieces. This module adds those pieces to a
 added and what it could not add, so that a benchmark never reports a mode
 that silently lacks a piece.
 """
+
 import logging
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from mmengine.logging import print_log
 
@@ -25,9 +26,10 @@ def _registered(registry, name: str) -> bool:
 
 
 def add_full_protection(
-        cfg: Any,
-        validate_policy: str = 'warn',
-        amp_monitor: Optional[Dict[str, Any]] = None) -> List[str]:
+    cfg: Any,
+    validate_policy: str = 'warn',
+    amp_monitor: Optional[Dict[str, Any]] = None,
+) -> List[str]:
     """Add ``AmpScaleMonitorHook`` and ``ValidateAnnotations`` to ``cfg``.
 
     The ``NanGuardHook`` itself is not added: the caller chooses its policy.
@@ -60,26 +62,43 @@ def add_full_protection(
             (from ``infer_validate_settings``).
     """
     from mmnanguard.engine.runner.config_rewrites import (
-        infer_validate_settings, insert_validate_annotations)
-    notes: List[str] = []
+        infer_validate_settings,
+        insert_validate_annotations,
+    )
+
+    notes: List[Tuple[int, str]] = []
     if _registered(HOOKS, AMP_MONITOR):
         hooks = list(cfg.get('custom_hooks') or [])
         hooks.append(dict(type=AMP_MONITOR, **(amp_monitor or {})))
         cfg.custom_hooks = hooks
-        notes.append(f'{AMP_MONITOR} added to custom_hooks')
+        notes.append((logging.INFO, f'{AMP_MONITOR} added to custom_hooks'))
     else:
-        notes.append(f'{AMP_MONITOR} not added: not registered')
-    if _registered(TRANSFORMS, VALIDATE):
+        notes.append(
+            (logging.WARNING, f'{AMP_MONITOR} not added: not registered')
+        )
+    if not _registered(TRANSFORMS, VALIDATE):
+        notes.append(
+            (logging.WARNING, f'{VALIDATE} not inserted: not registered')
+        )
+    else:
         transform = infer_validate_settings(cfg, dict(policy=validate_policy))
         changed, why_not = insert_validate_annotations(
-            cfg.train_dataloader, transform)
-        notes.append(f'{transform} inserted before Pack*Inputs in {changed} '
-                     'training pipeline(s)' if changed else
-                     f'{VALIDATE} not inserted: {why_not}')
-    else:
-        notes.append(f'{VALIDATE} not inserted: not registered')
-    for note in notes:
-        level = logging.WARNING if ' not ' in note else logging.INFO
-        print_log(f'add_full_protection: {note}', logger='current',
-                  level=level)
-    return notes
+            cfg.train_dataloader, transform
+        )
+        if changed:
+            notes.append(
+                (
+                    logging.INFO,
+                    f'{transform} inserted before Pack*Inputs in '
+                    f'{changed} training pipeline(s)',
+                )
+            )
+        else:
+            notes.append(
+                (logging.WARNING, f'{VALIDATE} not inserted: {why_not}')
+            )
+    for level, note in notes:
+        print_log(
+            f'add_full_protection: {note}', logger='current', level=level
+        )
+    return [note for _, note in notes]

@@ -1,5 +1,6 @@
 # Copyright (c) mmnanguard contributors. All rights reserved.
 """Multiply one loss term at chosen iterations (loss-spike tests)."""
+
 from typing import Iterable, List
 
 from mmengine.hooks import Hook
@@ -22,26 +23,28 @@ class LossSpikeInjectionHook(Hook):
 
     priority = 'HIGHEST'
 
-    def __init__(self,
-                 iterations: Iterable[int],
-                 loss_key: str,
-                 factor: float = 100.0) -> None:
+    def __init__(
+        self, iterations: Iterable[int], loss_key: str, factor: float = 100.0
+    ) -> None:
         self.iterations = set(iterations)
         self.loss_key = loss_key
         self.factor = factor
         self.injected_at: List[int] = []
         self._handle = None
 
-    def before_train_iter(self, runner, batch_idx: int,
-                          data_batch=None) -> None:
+    def before_train_iter(
+        self, runner, batch_idx: int, data_batch=None
+    ) -> None:
         """Plant the forward hook for a chosen iteration."""
         if runner.iter in self.iterations:
             self.injected_at.append(runner.iter)
             self._handle = unwrap_model(runner.model).register_forward_hook(
-                self._scale)
+                self._scale
+            )
 
-    def after_train_iter(self, runner, batch_idx: int, data_batch=None,
-                         outputs=None) -> None:
+    def after_train_iter(
+        self, runner, batch_idx: int, data_batch=None, outputs=None
+    ) -> None:
         """Remove it."""
         if self._handle is not None:
             self._handle.remove()
@@ -49,10 +52,15 @@ class LossSpikeInjectionHook(Hook):
 
     def _scale(self, module, args, losses):
         if not isinstance(losses, dict) or self.loss_key not in losses:
-            found = sorted(losses) if isinstance(losses, dict) else \
-                type(losses).__name__
-            raise KeyError(f'LossSpikeInjectionHook: no loss term '
-                           f'{self.loss_key!r} in the model output {found}')
+            found = (
+                sorted(losses)
+                if isinstance(losses, dict)
+                else type(losses).__name__
+            )
+            raise KeyError(
+                f'LossSpikeInjectionHook: no loss term '
+                f'{self.loss_key!r} in the model output {found}'
+            )
         value = losses[self.loss_key]
         if isinstance(value, (list, tuple)):
             losses[self.loss_key] = [v * self.factor for v in value]

@@ -1,14 +1,16 @@
 # Copyright (c) mmnanguard contributors. All rights reserved.
 """Smoke test of ``benchmarks/fault_matrix.py``: a few cells, in-process.
 
-Each cell trains the tiny rotated RetinaNet for 4 iterations with a NaN
-gradient planted at iteration 2 (a finite loss whose gradient is NaN) and
-checkpoints every 2 iterations. The values are checked against what must
-happen: without protection ``clip_grad`` spreads the NaN into every
-weight and the checkpoint written after it, and nothing says so; mmdet's
-``CheckInvalidLossHook`` looks at the loss only and misses it too;
+Each cell trains the tiny rotated RetinaNet for 3 iterations with a NaN
+gradient planted at iteration 1 (a finite loss whose gradient is NaN) and
+writes a checkpoint after every iteration. The values are checked against
+what must happen: without protection ``clip_grad`` spreads the NaN into
+every weight and every checkpoint written after it, and nothing says so;
+mmdet's ``CheckInvalidLossHook`` looks at the loss only and raises one
+iteration late, after the poisoned step reached the disk;
 ``NanGuardHook(policy='skip')`` drops exactly that step.
 """
+
 import os.path as osp
 import sys
 
@@ -16,39 +18,45 @@ import pytest
 import torch
 
 BENCHMARKS = osp.join(
-    osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))),
-    'benchmarks')
+    osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))), 'benchmarks'
+)
 sys.path.insert(0, BENCHMARKS)
 
 from fault_matrix import format_grid, format_table  # noqa: E402
 from fault_matrix_cell import run_cell  # noqa: E402
 
-MAX_ITERS = 4
-FAULT_ITER = 2
+MAX_ITERS = 3
+FAULT_ITER = 1
 
 
 def _cell(tmp_path, data_root, mode):
     work_dir = str(tmp_path / mode)
-    return run_cell('dota', 'nan_grad', mode, work_dir=work_dir,
-                    data_root=data_root, max_iters=MAX_ITERS,
-                    fault_iter=FAULT_ITER, ckpt_interval=2)
-
-
-def _ckpt_finite(cell, name):
-    return cell['checkpoints'][name]
+    return run_cell(
+        'dota',
+        'nan_grad',
+        mode,
+        work_dir=work_dir,
+        data_root=data_root,
+        max_iters=MAX_ITERS,
+        fault_iter=FAULT_ITER,
+        ckpt_interval=1,
+    )
 
 
 def test_bare_nan_grad_is_silent_and_ruins_the_weights(
-        tmp_path, tiny_dota_root):
+    tmp_path, tiny_dota_root
+):
     cell = _cell(tmp_path, tiny_dota_root, 'bare')
     assert cell['fault_iter'] == FAULT_ITER
     assert cell['detected'] is False
     assert cell['reached_max_iters'] is True
     assert cell['weights_finite'] is False
-    # iter_2.pth is written before the fault, iter_4.pth after it
-    assert sorted(cell['checkpoints']) == ['iter_2.pth', 'iter_4.pth']
-    assert _ckpt_finite(cell, 'iter_2.pth') is True
-    assert _ckpt_finite(cell, 'iter_4.pth') is False
+    # iter_1.pth is written before the fault, the others after it
+    assert cell['checkpoints'] == {
+        'iter_1.pth': True,
+        'iter_2.pth': False,
+        'iter_3.pth': False,
+    }
     assert cell['checkpoints_finite'] is False
     assert cell['outcome'] == 'ruined'
     # the loss of the fault iteration is finite, the next one is not
@@ -63,7 +71,10 @@ def test_check_invalid_loss_misses_a_nan_gradient(tmp_path, tiny_dota_root):
     assert cell['detector'] == 'CheckInvalidLossHook'
     assert cell['detect_delta'] == 1
     assert cell['weights_finite'] is False
+    # the poisoned step of iteration 1 reached iter_2.pth before that
+    assert cell['checkpoints'] == {'iter_1.pth': True, 'iter_2.pth': False}
     assert cell['reached_max_iters'] is False
+    assert cell['error'].startswith('AssertionError')
     assert cell['outcome'] == 'detected_poisoned'
 
 
@@ -75,7 +86,7 @@ def test_guard_skip_drops_the_step(tmp_path, tiny_dota_root):
     assert cell['detector'] == 'NanGuardHook (nonfinite_grad)'
     assert cell['weights_finite'] is True
     assert cell['checkpoints_finite'] is True
-    assert len(cell['checkpoints']) == 2
+    assert len(cell['checkpoints']) == MAX_ITERS
     assert cell['reached_max_iters'] is True
     assert cell['error'] is None
     assert [i['kind'] for i in cell['incidents']] == ['nonfinite_grad']
@@ -90,6 +101,11 @@ def test_guard_skip_drops_the_step(tmp_path, tiny_dota_root):
 
 def test_unknown_cell_is_refused(tmp_path, tiny_dota_root):
     with pytest.raises(ValueError, match='unknown cell'):
-        run_cell('dota', 'nan_grad', 'magic', work_dir=str(tmp_path),
-                 data_root=tiny_dota_root)
+        run_cell(
+            'dota',
+            'nan_grad',
+            'magic',
+            work_dir=str(tmp_path),
+            data_root=tiny_dota_root,
+        )
     assert not torch.is_anomaly_enabled()

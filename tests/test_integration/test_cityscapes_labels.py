@@ -5,10 +5,10 @@
 
 import numpy as np
 import pytest
-from integration_utils import NANGUARD_CITYSCAPES
+from integration_utils import NANGUARD_CITYSCAPES, TRAIN, run_script
 from mmengine.registry import RUNNERS
 
-from mmnanguard.models.losses import CheckedCrossEntropyLoss
+from mmnanguard.models.losses import CheckedCrossEntropyLoss, InvalidLabelError
 from mmnanguard.testing import load_tiny_config
 
 
@@ -31,7 +31,7 @@ def test_label_255_without_ignore_index_stops(tiny_cityscapes_root, tmp_path):
     head = runner.model.decode_head
     assert isinstance(head.loss_decode, CheckedCrossEntropyLoss)
     assert head.loss_decode.impl == 'mmseg'
-    with pytest.raises(ValueError) as err:
+    with pytest.raises(InvalidLabelError) as err:
         runner.train()
     message = str(err.value)
     assert 'label value 255' in message
@@ -47,3 +47,25 @@ def test_ignore_index_255_trains(tiny_cityscapes_root, tmp_path):
     # a fresh 19-class head: cross-entropy near log(19) = 2.94
     assert len(losses) == 2 and np.isfinite(losses).all()
     assert 0.3 * np.log(19) < losses[0] < 3 * np.log(19)
+
+
+def test_train_tool_stops_cleanly_on_255(tiny_cityscapes_root, tmp_path):
+    out = run_script(
+        [
+            TRAIN,
+            NANGUARD_CITYSCAPES,
+            '--work-dir',
+            str(tmp_path),
+            '--cfg-options',
+            f'train_dataloader.dataset.data_root={tiny_cityscapes_root}/',
+            'train_cfg.max_iters=2',
+            'model.decode_head.ignore_index=None',
+            'model.auxiliary_head.ignore_index=None',
+        ],
+        timeout=300,
+    )
+    assert out.returncode == 3, out.stderr[-2000:]
+    assert 'InvalidLabelError' in out.stderr
+    assert 'label value 255' in out.stderr
+    assert 'ignore_index=255' in out.stderr
+    assert 'Traceback' not in out.stderr

@@ -54,29 +54,44 @@ def test_invalid_setting_fails_before_training(tmp_path):
     assert not glob.glob(str(tmp_path / '*'))
 
 
-def test_amp_config_with_clip_grad(broken_dota, tmp_path):
+def test_amp_config_with_clip_grad(tiny_dota_root, tmp_path):
     """The include on an AMP config (CPUAmpOptimWrapper: the upstream
-    AmpOptimWrapper on the CPU GradScaler), with upstream's clip_grad."""
+    AmpOptimWrapper on the CPU GradScaler), with upstream's clip_grad and
+    an infinite loss planted at iteration 0. Half precision is slow on
+    the CPU: 128 px images, and the diagnosis replay is off."""
     out = run_script(
         [
             TRAIN,
-            NANGUARD_DOTA,
+            DEMO_CONFIG,
             '--work-dir',
             str(tmp_path),
             '--cfg-options',
             'optim_wrapper.type=CPUAmpOptimWrapper',
             'optim_wrapper.dtype=bfloat16',
+            'custom_hooks.0.fault=inf_loss',
+            'custom_hooks.0.iteration=0',
             'train_cfg.max_epochs=1',
-            *data_options(broken_dota['root'], images=4),
+            'train_dataloader.dataset.pipeline.3.scale=(128,128)',
+            'nanguard.hooks.1.diagnose_incidents=0',
+            *data_options(tiny_dota_root, images=4),
         ]
     )
     assert out.returncode == 0, out.stderr[-3000:]
     log = out.stdout + out.stderr
-    assert 'NanGuard active' in log
+    hooks_line = next(
+        line
+        for line in log.splitlines()
+        if 'protection active, hooks in order' in line
+    )
+    assert 'NanGuardHook' in hooks_line
+    assert 'AmpScaleMonitorHook' in hooks_line  # added because of AMP
     ckpt = torch.load(str(tmp_path / 'epoch_1.pth'), map_location='cpu')
     assert tensors_all_finite(ckpt['state_dict'])
+    assert tensors_all_finite(ckpt['optimizer'])
     assert 'loss_scaler' in ckpt['optimizer']  # AMP state was saved
+    assert ckpt['meta']['iter'] == 2
     assert ckpt['nanguard']['counters']['incidents'] == 1
+    assert ckpt['nanguard']['counters']['skipped'] == 1
     cfg_dump = open(glob.glob(str(tmp_path / '*.py'))[0]).read()
     assert "type='CPUAmpOptimWrapper'" in cfg_dump
     assert 'clip_grad=dict(max_norm=35, norm_type=2)' in cfg_dump

@@ -189,6 +189,24 @@ def _check_sample(
     return out
 
 
+#: Plain words for each check of :mod:`mmnanguard.datasets.checks`.
+CHECK_WORDS = dict(
+    image_finite='non-finite pixels',
+    hbox_finite='box with a non-finite coordinate (x1, y1, x2, y2)',
+    hbox_size='zero-size box (x1, y1, x2, y2)',
+    rbox_finite='rotated box with a non-finite value (cx, cy, w, h, t)',
+    rbox_size='zero-size rotated box (cx, cy, w, h, t)',
+    qbox_finite='quadrilateral with a non-finite coordinate',
+    qbox_area='zero-area quadrilateral',
+    label_range='label out of range',
+    seg_values='stray segmentation values',
+)
+
+
+def _fmt_value(value: Any) -> str:
+    return f'{value:.4g}' if isinstance(value, float) else str(value)
+
+
 def describe_finding(found: Dict[str, Any]) -> str:
     """One line: file (and line), instance, check, values, detail."""
     where = (
@@ -201,8 +219,11 @@ def describe_finding(found: Dict[str, Any]) -> str:
     if found.get('line'):
         where += f" line {found['line']}"
     inst = '' if found.get('index') is None else f", instance {found['index']}"
-    values = ', '.join(str(v) for v in found.get('values', []))
+    values = ', '.join(_fmt_value(v) for v in found.get('values', []))
+    words = CHECK_WORDS.get(found['check'], found['check'])
+    if found['index'] is not None:  # an instance: show its values
+        words += f' = ({values})'
     return (
-        f"{where} (batch sample {found['sample']}{inst}): "
-        f"{found['check']} failed ({values}); {found['detail']}"
+        f"{where} (batch sample {found['sample']}{inst}): {words}: "
+        f"{found['detail']} [check {found['check']}]"
     )

@@ -50,8 +50,9 @@ def _forward_text(first: Dict[str, Any]) -> str:
     )
     return (
         f"the first non-finite activation is the output of module "
-        f"`{first['module']}` ({first['type']}), {made}: "
-        f"{first['path']} holds {describe_values(first)}"
+        f"`{first['module']}` ({first['type']}), {made}: its output"
+        f"{'' if first['path'] == '(output)' else ' ' + first['path']} "
+        f'holds {describe_values(first)}'
     )
 
 
@@ -157,6 +158,9 @@ def classify(
         )
         if len(findings) > 1:
             summary += f' (and {len(findings) - 1} more)'
+        reached = [k for k in replay.nonfinite_terms if k != 'loss']
+        if reached:
+            summary += f"; it makes {', '.join(reached)} non-finite"
     elif (
         replays_finite
         and report.get('kind') == 'nonfinite_params'

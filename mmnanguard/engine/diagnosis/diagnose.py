@@ -44,7 +44,8 @@ def diagnose(
     Args:
         model (nn.Module): The model to replay on, already in the state to
             replay from. It is run in train mode and its BatchNorm
-            statistics change: pass a copy, never the model being trained.
+            statistics change: during training, use it inside
+            :func:`replay_model`, which restores the state afterwards.
         report (dict): The incident's report (``report.json``).
         batch (dict): ``data_batch`` and ``rng_state`` (``batch.pth``).
         replay_state (str): Where the replayed weights come from, for the

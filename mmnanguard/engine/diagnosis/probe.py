@@ -34,8 +34,8 @@ class ActivationProbe:
     """Record the first non-finite activation and output gradient.
 
     Args:
-        model (nn.Module): The model to probe (a replay copy: the probe
-            must never sit on the model being trained).
+        model (nn.Module): The model to probe, for the length of one
+            replay (the hooks never stay on a model that trains).
         max_params (int): Non-finite parameter gradients listed at most.
 
     Attributes:

@@ -99,10 +99,16 @@ def remedies(diagnosis: Dict[str, Any], replay: ReplayResult) -> List[str]:
         lines += _data_remedy(evidence['data'][0])
     elif cause == 'forward':
         first = replay.forward_first
+        weights = (evidence.get('module_weights') or [{}])[0]
+        largest = (
+            f" (largest |weight| {weights['max_abs']})"
+            if weights.get('max_abs')
+            else ''
+        )
         lines.append(
             f"Module `{first['module']}` makes a non-finite output"
             + (
-                ' from finite inputs: inspect its weights (see evidence) and '
+                f' from finite inputs: inspect its weights{largest} and '
                 'initialisation, lower the learning rate, clip gradients.'
                 if first['inputs_finite']
                 else '.'

@@ -120,8 +120,8 @@ def replay_batch(
     The model is put in train mode and its gradients are set to None
     afterwards; the global RNG states are restored to what they were, so
     a replay does not change the course of training. No optimizer step is
-    taken. Run it on a copy of the trained model: BatchNorm running
-    statistics change in a train-mode forward.
+    taken. BatchNorm running statistics change in a train-mode forward:
+    :func:`replay_model` saves and restores them during training.
 
     Args:
         model (nn.Module): The (copied) model, in the state to replay from.

@@ -7,7 +7,7 @@ guard's policy acts. At that moment:
 
 * ``nonfinite_loss`` / ``nonfinite_grad``: the guard skipped backward or
   dropped the step, so the live weights are exactly the state just before
-  the bad update. The replay starts from a copy of them.
+  the bad update. The replay starts from them.
 * ``nonfinite_params``: the step was taken and the weights (or the
   optimizer state) are already bad. The replay starts from the newest
   ``TrainingSnapshot`` of the guard taken at or before this iteration:

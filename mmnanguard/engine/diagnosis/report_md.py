@@ -46,7 +46,10 @@ def _replay_lines(title: str, replay: Dict[str, Any]) -> List[str]:
         )
         + f"): {'finite' if replay['finite'] else 'NON-FINITE'}"
     ]
-    terms = ', '.join(f'{k}={v}' for k, v in replay['loss_terms'].items())
+    terms = ', '.join(
+        f'{k}={v:.4g}' if isinstance(v, float) else f'{k}={v}'
+        for k, v in replay['loss_terms'].items()
+    )
     lines.append(f'  - loss terms: {terms or "(none)"}')
     for key, label in (
         ('forward_first', 'first non-finite activation'),

@@ -109,8 +109,9 @@ def write_timeline(report: Dict[str, Any], folder: str) -> str:
     axes[0].text(
         report['iteration'],
         1.02,
-        ' incident',
+        'incident ',
         color='red',
+        ha='right',
         transform=axes[0].get_xaxis_transform(),
     )
     axes[-1].set_xlabel('iteration')

@@ -4,6 +4,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any, Dict, Optional, Union
 
 from .spike_settings import SpikeSettings
+
 POLICIES = ('raise', 'skip', 'rollback')
 ESCALATIONS = ('rollback', 'raise')
 ROLLBACK_SOURCES = ('memory', 'checkpoint')

@@ -31,8 +31,9 @@ class NanDiagnosisHook(Hook):
 
     On each of the first ``diagnose_incidents`` incidents (kinds
     ``nonfinite_loss``, ``nonfinite_grad``, ``nonfinite_params``) the
-    listener replays the incident's batch on a copy of the model, from the
-    state just before the bad update (see
+    listener replays the incident's batch on the model (state, gradients
+    and modes restored afterwards), from the state just before the bad
+    update (see
     :mod:`mmnanguard.engine.diagnosis.replay_state`) with the saved RNG
     states, under forward hooks and output-gradient hooks on every module;
     checks the batch's pixels, boxes, labels and segmentation maps; under

@@ -12,11 +12,19 @@ from mmengine.runner.checkpoint import weights_to_cpu
 from mmengine.utils import apply_to
 
 from mmnanguard.registry import HOOKS, register_shared
-from ..guard import (GuardSettings, IncidentRecorder, IterationHistory,
-                     IterationRecord, NonFiniteTrainingError,
-                     PoisonedCheckpointError, StepGuard, TrainingSnapshot)
-from ..guard.exceptions import TrainingSpikeError
+
+from ..guard import (
+    GuardSettings,
+    IncidentRecorder,
+    IterationHistory,
+    IterationRecord,
+    NonFiniteTrainingError,
+    PoisonedCheckpointError,
+    StepGuard,
+    TrainingSnapshot,
+)
 from ..guard.distributed import any_rank
+from ..guard.exceptions import TrainingSpikeError
 from ..guard.finite import nonfinite_paths, optimizer_params, total_norm
 from ..guard.lr_backoff import LrBackoff, non_chaining_schedulers
 from ..guard.report import build_report, describe, loss_terms_of
@@ -86,7 +94,12 @@ class NanGuardHook(Hook):
     * after the step, every ``param_check_interval`` iterations, that the
       parameters are still finite (optimizer-state blow-ups);
     * before each checkpoint is written, that its model and optimizer
-      states are finite. A poisoned checkpoint is never written.
+      states are finite. A poisoned checkpoint is never written;
+    * with ``spike=dict(...)``, the total loss, each loss term and the grad
+      norm against a running max (:class:`SpikeDetector`); a spike is
+      logged, skipped or rolled back (``spike.action``), and a skip or a
+      rollback multiplies the learning rates by ``lr_backoff``, optionally
+      ramped back over ``recover_iters`` (:class:`LrBackoff`).
 
     Ranks agree on every verdict (``all_reduce`` of a flag) before acting.
     Then the policy acts (see :class:`GuardSettings`), an incident folder
@@ -196,7 +209,7 @@ class NanGuardHook(Hook):
             self.counters['spikes'] += 1
             self.history.mark_last('spike')
             runner.logger.warning(
-                f'NanGuard: loss spike at iteration {runner.iter} (logged '
+                f'NanGuard: spike at iteration {runner.iter} (logged '
                 f'only, spike.action=log): {self.spike_detector.describe()}')
         if kind is not None:
             self._on_incident(

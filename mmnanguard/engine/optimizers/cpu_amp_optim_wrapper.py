@@ -21,6 +21,14 @@ class CPUAmpOptimWrapper(AmpOptimWrapper):
     real GradScaler machinery (inf checks, skipped steps, scale updates,
     ``state_dict``) runs in CPU tests. Everything else is inherited.
 
+    ``tests/test_engine/test_hooks/test_amp_scale_monitor_hook.py`` drives
+    it into a real fp16 gradient overflow that collapses the scale. What it
+    cannot show: CUDA's autocast op lists (which ops run in fp16 differ
+    between the CPU and CUDA) and the mmcv CUDA kernels in fp16; those need
+    a GPU and mmengine's own ``AmpOptimWrapper``. A float ``loss_scale``
+    is static (mmengine passes it to every ``update``): its skipped steps
+    do not show in the scale.
+
     Args:
         loss_scale (str | float | dict): ``'dynamic'``, a static scale, or
             GradScaler arguments. Defaults to ``'dynamic'``.

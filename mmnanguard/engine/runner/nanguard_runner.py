@@ -188,8 +188,11 @@ class NanGuardRunner(Runner):
                 continue
             hook = HOOKS.build(hook_cfg)
             if any(type(h) is type(hook) for h in self._hooks):
-                _log(f'a {type(hook).__name__} is already configured; the '
-                     'one in nanguard.hooks is not added', logging.WARNING)
+                _log(
+                    f'a {type(hook).__name__} is already configured; the '
+                    'one in nanguard.hooks is not added',
+                    logging.WARNING,
+                )
                 continue
             self.register_hook(hook)
         names = [type(h).__name__ for h in self._hooks]

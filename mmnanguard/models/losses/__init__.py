@@ -1,6 +1,7 @@
 # Copyright (c) mmnanguard contributors. All rights reserved.
 from .checked_cross_entropy_loss import (
     CheckedCrossEntropyLoss,
+    InvalidLabelError,
     check_cross_entropy_labels,
 )
 from .diff_rotated_iou import diff_rotated_iou
@@ -20,4 +21,5 @@ __all__ = [
     'safe_dice_loss',
     'CheckedCrossEntropyLoss',
     'check_cross_entropy_labels',
+    'InvalidLabelError',
 ]

@@ -24,6 +24,14 @@ _SCOPE_TO_IMPL = {'mmdet': 'mmdet', 'mmrotate': 'mmdet', 'mmseg': 'mmseg'}
 _TORCH_DEFAULT_IGNORE = -100
 
 
+class InvalidLabelError(ValueError):
+    """A class label is outside ``[0, num_classes)`` and not ``ignore_index``.
+
+    The message names the bad value, ``num_classes`` and ``ignore_index``
+    (and suggests ``ignore_index=255`` for Cityscapes' void label).
+    """
+
+
 def check_cross_entropy_labels(
     label: Tensor,
     num_classes: int,
@@ -45,7 +53,8 @@ def check_cross_entropy_labels(
             Defaults to 'CrossEntropyLoss'.
 
     Raises:
-        ValueError: If a label is out of range. The message gives the bad
+        InvalidLabelError: If a label is out of range (a ``ValueError``).
+            The message gives the bad
             value(s), their count, ``num_classes`` and ``ignore_index``,
             and suggests ``ignore_index=255`` when 255 is among them.
         TypeError: If ``label`` is not an integer tensor.
@@ -83,7 +92,7 @@ def check_cross_entropy_labels(
             ' Check the dataset classes (metainfo) against the '
             "model's num_classes, or set ignore_index."
         )
-    raise ValueError(msg)
+    raise InvalidLabelError(msg)
 
 
 def _impl_from_scope() -> str:

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 import torch
-from conftest import train_until_incident
+from diagnosis_helpers import train_until_incident
 from mmengine.hooks import Hook
 
 from mmnanguard.engine.hooks import FaultInjectionHook, NanDiagnosisHook
@@ -302,3 +302,30 @@ def test_tools_replay_offline_names_the_same_module(forward_incident):
     assert verdict.startswith('1. Cause: forward')
     assert f'`{SCALED_MODULE}`' in verdict
     assert 'offline:' in done.stdout and 'model.pth' in done.stdout
+
+
+def test_saturated_logits_are_loss_in_focal_loss(tmp_path, tiny_dota_root):
+    # neck.fpn_convs.0.conv x 1e38: activations stay finite but the class
+    # logits saturate the sigmoid, and FocalLoss takes log(0)
+    _, reports = train_until_incident(
+        str(tmp_path),
+        tiny_dota_root,
+        [
+            dict(
+                type='FaultInjectionHook',
+                fault='scale_module',
+                iteration=0,
+                module_name='neck.fpn_convs.0.conv',
+            )
+        ],
+        max_iters=1,
+    )
+    report = _only_report(reports)
+    assert report['cause'] == 'loss'
+    replay = report['evidence']['replay']
+    assert replay['forward_first'] is None
+    assert replay['nonfinite_terms'] == ['loss', 'loss_cls']
+    assert replay['loss_first']['module'] == 'bbox_head.loss_cls'
+    assert replay['loss_first']['type'] == 'FocalLoss'
+    assert 'loss_cls=inf' in report['diagnosis']['verdict'][0]
+    assert 'StableFocalLoss' in report['diagnosis']['verdict'][2]

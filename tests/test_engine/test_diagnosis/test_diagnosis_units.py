@@ -3,6 +3,7 @@
 checks, the growth rule, the fp32 replay under AMP and the incident-file
 check, each against a hand calculation."""
 
+import json
 import math
 import os
 import os.path as osp
@@ -22,6 +23,7 @@ from mmnanguard.engine.diagnosis import (
     check_batch,
     diagnose,
     load_incident,
+    replay_batch,
 )
 from mmnanguard.engine.diagnosis.explosion import grad_norm_growth
 from mmnanguard.engine.diagnosis.tree import first_nonfinite
@@ -62,7 +64,8 @@ class Net(nn.Module):
 def test_probe_names_first_forward_and_backward_module():
     net = Net()
     with torch.no_grad():
-        net.fc2.weight.mul_(3e38)
+        net.fc1.weight.fill_(1.0)  # fc1 -> relu: 4 + bias, finite
+        net.fc2.weight.fill_(1e38)  # 8 inputs of ~4 each: 3e39 > fp32 max
     x = torch.ones(2, 4)
     with ActivationProbe(net) as probe:
         net(x)
@@ -195,3 +198,92 @@ def test_load_incident_refuses_what_is_not_an_incident(tmp_path):
     other.mkdir()
     with pytest.raises(NotAnIncidentError, match='not an incident folder'):
         load_incident(str(other))
+
+
+def _toy_run(tmp_path, hooks, **guard):
+    from mmengine.runner import Runner
+
+    from mmnanguard.testing.toy import toy_runner_cfg
+
+    cfg = toy_runner_cfg(
+        str(tmp_path),
+        max_iters=4,
+        custom_hooks=hooks
+        + [dict(type='NanGuardHook', **guard), dict(type='NanDiagnosisHook')],
+    )
+    runner = Runner(**cfg)
+    runner.train()
+    folders = sorted((tmp_path / 'nanguard').glob('incident_*'))
+    with open(folders[0] / 'report.json') as f:
+        return runner, json.load(f)
+
+
+def test_param_incident_replays_from_the_exact_snapshot(tmp_path):
+    # NaN momentum at iteration 2: the step makes the weights NaN, the
+    # gradients of the (pre-step) replay are finite
+    _, report = _toy_run(
+        tmp_path,
+        [
+            dict(
+                type='FaultInjectionHook',
+                fault='nan_optimizer_state',
+                iteration=2,
+            )
+        ],
+        policy='rollback',
+        snapshot_interval=1,
+    )
+    assert report['kind'] == 'nonfinite_params' and report['iteration'] == 2
+    assert report['cause'] == 'optimizer'
+    assert report['evidence']['replay']['finite']
+    assert report['evidence']['optimizer_state'] == ['state.0.momentum_buffer']
+    assert report['diagnosis']['replay_state'].startswith(
+        'the guard snapshot of iteration 2: exactly'
+    )
+
+
+class SqrtToy(ToyModel):
+    """A loss term sqrt(0) on a parameter: value 0, gradient NaN."""
+
+    def forward(self, inputs, labels=None, mode='tensor'):
+        out = super().forward(inputs, labels, mode)
+        if mode == 'loss':
+            w = self.b.weight
+            out['loss_sqrt'] = torch.sqrt(((w - w.detach()) ** 2).sum())
+        return out
+
+
+def test_anomaly_mode_names_the_failing_op():
+    model = SqrtToy()
+    batch = dict(inputs=torch.ones(2, 4), labels=torch.zeros(2, 1))
+    result = replay_batch(model, batch, anomaly=True)['result']
+    # sqrt'(0) = inf, times d(x**2)/dw = 0: the pow's backward makes the NaN
+    assert "Function 'PowBackward0' returned nan" in result.anomaly
+    assert "out['loss_sqrt'] = torch.sqrt(" in result.anomaly  # forward line
+    plain = replay_batch(model, batch)['result']
+    assert plain.anomaly is None
+    assert [p['name'] for p in plain.param_grads] == ['b.weight']
+    assert plain.term_grads == dict(loss_a=True, loss_b=True, loss_sqrt=False)
+
+
+def test_only_the_first_incidents_are_diagnosed(tmp_path):
+    runner, first = _toy_run(
+        tmp_path,
+        [
+            dict(type='FaultInjectionHook', fault='inf_loss', iteration=1),
+            dict(type='FaultInjectionHook', fault='inf_loss', iteration=3),
+        ],
+        policy='skip',
+    )
+    folders = sorted((tmp_path / 'nanguard').glob('incident_*'))
+    assert [f.name for f in folders] == [
+        'incident_000_iter000001',
+        'incident_001_iter000003',
+    ]
+    # diagnose_incidents=1: the first is diagnosed (the fault hook is gone
+    # by then: transient), the second is left alone
+    assert first['cause'] == 'transient'
+    assert (folders[0] / 'report.md').is_file()
+    assert not (folders[1] / 'report.md').is_file()
+    with open(folders[1] / 'report.json') as f:
+        assert 'cause' not in json.load(f)

@@ -6,11 +6,17 @@ the order the runner uses (optimizer step, NanGuardHook.after_train_iter,
 ParamSchedulerHook.after_train_iter); the undisturbed twin is the
 independent reference.
 """
+
 import pytest
 import torch
 from mmengine.hooks import Hook
-from mmengine.optim import (CosineAnnealingLR, LinearLR, MultiStepLR,
-                            OneCycleLR, OptimWrapper)
+from mmengine.optim import (
+    CosineAnnealingLR,
+    LinearLR,
+    MultiStepLR,
+    OneCycleLR,
+    OptimWrapper,
+)
 from mmengine.runner import Runner
 
 from mmnanguard.engine.guard import LrBackoff
@@ -25,14 +31,18 @@ AT = 8  # backoff at the end of this iteration
 
 SCHEDULERS = dict(
     linear=lambda o: LinearLR(o, start_factor=0.1, by_epoch=False, end=20),
-    multistep=lambda o: MultiStepLR(o, milestones=[5, 15], gamma=0.1,
-                                    by_epoch=False),
-    cosine=lambda o: CosineAnnealingLR(o, T_max=ITERS, eta_min=0.0,
-                                       by_epoch=False),
-    cosine_eta_min=lambda o: CosineAnnealingLR(o, T_max=ITERS, eta_min=1e-2,
-                                               by_epoch=False),
-    onecycle=lambda o: OneCycleLR(o, eta_max=LR, total_steps=ITERS + 1,
-                                  by_epoch=False),
+    multistep=lambda o: MultiStepLR(
+        o, milestones=[5, 15], gamma=0.1, by_epoch=False
+    ),
+    cosine=lambda o: CosineAnnealingLR(
+        o, T_max=ITERS, eta_min=0.0, by_epoch=False
+    ),
+    cosine_eta_min=lambda o: CosineAnnealingLR(
+        o, T_max=ITERS, eta_min=1e-2, by_epoch=False
+    ),
+    onecycle=lambda o: OneCycleLR(
+        o, eta_max=LR, total_steps=ITERS + 1, by_epoch=False
+    ),
 )
 
 
@@ -57,8 +67,8 @@ def lr_trace(scheduler, backoff=None, at=None):
 def test_multiplicative_schedulers_carry_the_backoff(scheduler):
     twin = lr_trace(scheduler)
     backed = lr_trace(scheduler, LrBackoff(0.5), AT)
-    assert backed[:AT + 1] == twin[:AT + 1]
-    for a, b in zip(backed[AT + 1:], twin[AT + 1:]):
+    assert backed[: AT + 1] == twin[: AT + 1]
+    for a, b in zip(backed[AT + 1 :], twin[AT + 1 :]):
         assert a == pytest.approx(0.5 * b, rel=1e-12)
 
 
@@ -69,7 +79,7 @@ def test_annealing_to_eta_min_scales_the_distance():
     lr_k = twin[AT + 1]  # the lr the scheduler produced from 0.5 x lr
     # f' fixed at the backoff: distances to eta_min keep the ratio
     ratio = (backed[AT + 1] - eta) / (lr_k - eta)
-    for a, b in zip(backed[AT + 1:-1], twin[AT + 1:-1]):
+    for a, b in zip(backed[AT + 1 : -1], twin[AT + 1 : -1]):
         assert (a - eta) == pytest.approx(ratio * (b - eta), rel=1e-9)
     assert 0.4 < ratio < 0.5
 
@@ -86,8 +96,9 @@ def test_recovery_ramps_back_onto_the_schedule(scheduler):
     twin = lr_trace(scheduler)
     backed = lr_trace(scheduler, LrBackoff(0.5, recover_iters=4), AT)
     ratios = [a / b for a, b in zip(backed, twin)]
-    expected = [1.0] * (AT + 1) + [0.5, 0.625, 0.75, 0.875] + \
-        [1.0] * (ITERS - AT - 5)
+    expected = (
+        [1.0] * (AT + 1) + [0.5, 0.625, 0.75, 0.875] + [1.0] * (ITERS - AT - 5)
+    )
     assert ratios == pytest.approx(expected, rel=1e-12)
 
 
@@ -95,9 +106,11 @@ def test_recovery_under_eta_min_lands_close_to_the_schedule():
     twin = lr_trace('cosine_eta_min')
     backed = lr_trace('cosine_eta_min', LrBackoff(0.5, recover_iters=4), AT)
     end = AT + 5
-    # the ramp also scales eta_min's share: off by a small, bounded amount
-    for a, b in zip(backed[end:-1], twin[end:-1]):
-        assert abs(a - b) / b < 0.03
+    # the ramp also scales eta_min's share: slightly above the schedule,
+    # by at most 1.4 %, shrinking as both anneal to eta_min
+    gaps = [(a - b) / b for a, b in zip(backed[end:], twin[end:])]
+    assert all(0 < g < 0.0145 for g in gaps)
+    assert gaps == sorted(gaps, reverse=True) and gaps[-1] < 1e-3
 
 
 def test_nested_backoff_and_restore():
@@ -132,12 +145,18 @@ class Lrs(Hook):
 def toy_run(tmp_path, spike_at=(), max_iters=16, resume=False, **guard):
     torch.manual_seed(0)
     cfg = toy_runner_cfg(
-        str(tmp_path), max_iters=max_iters, model=ToyModel(), resume=resume,
+        str(tmp_path),
+        max_iters=max_iters,
+        model=ToyModel(),
+        resume=resume,
         custom_hooks=[dict(type='NanGuardHook', **guard)],
-        param_scheduler=[dict(type='LinearLR', start_factor=0.2,
-                              by_epoch=False, end=12)])
-    cfg['train_dataloader']['sampler'] = dict(type='InfiniteSampler',
-                                              shuffle=False)
+        param_scheduler=[
+            dict(type='LinearLR', start_factor=0.2, by_epoch=False, end=12)
+        ],
+    )
+    cfg['train_dataloader']['sampler'] = dict(
+        type='InfiniteSampler', shuffle=False
+    )
     runner = Runner(**cfg)
     lrs = Lrs()
     runner.register_hook(lrs)
@@ -149,22 +168,33 @@ def test_spike_backoff_recovers_in_a_run_and_across_resume(tmp_path):
     spike = dict(action='skip', warmup=5)
     twin, twin_lrs = toy_run(tmp_path / 'twin', spike=spike)
     twin.train()
-    runner, lrs = toy_run(tmp_path / 'run', spike_at=(7, ), spike=spike,
-                          recover_iters=4)
+    runner, lrs = toy_run(
+        tmp_path / 'run', spike_at=(7,), spike=spike, recover_iters=4
+    )
     runner.train()
     ratios = [lrs.lr[i] / twin_lrs.lr[i] for i in range(16)]
     assert ratios == pytest.approx(
-        [1.0] * 8 + [0.5, 0.625, 0.75, 0.875] + [1.0] * 4, rel=1e-12)
+        [1.0] * 8 + [0.5, 0.625, 0.75, 0.875] + [1.0] * 4, rel=1e-12
+    )
     g = next(h for h in runner.hooks if isinstance(h, NanGuardHook))
     assert g.counters['spikes'] == 1 and g.counters['lr_backoffs'] == 1
     assert g.lr_backoff.multiplier == 1.0
     # the same run, stopped at 10 (mid-ramp) and resumed, ramps the same
-    first, _ = toy_run(tmp_path / 'resume', spike_at=(7, ), max_iters=10,
-                       spike=spike, recover_iters=4)
+    first, _ = toy_run(
+        tmp_path / 'resume',
+        spike_at=(7,),
+        max_iters=10,
+        spike=spike,
+        recover_iters=4,
+    )
     first.train()
-    resumed, resumed_lrs = toy_run(tmp_path / 'resume', max_iters=16,
-                                   resume=True, spike=spike,
-                                   recover_iters=4)
+    resumed, resumed_lrs = toy_run(
+        tmp_path / 'resume',
+        max_iters=16,
+        resume=True,
+        spike=spike,
+        recover_iters=4,
+    )
     resumed.train()
     for i in range(10, 16):
         assert resumed_lrs.lr[i] == pytest.approx(lrs.lr[i], rel=1e-12)
@@ -174,11 +204,22 @@ def test_rollback_backoff_starts_from_the_restored_lr(tmp_path):
     fault = dict(type='FaultInjectionHook', fault='inf_loss', iteration=6)
     torch.manual_seed(0)
     cfg = toy_runner_cfg(
-        str(tmp_path), max_iters=10, model=ToyModel(),
-        custom_hooks=[fault, dict(type='NanGuardHook', policy='rollback',
-                                  snapshot_interval=4, recover_iters=2)],
-        param_scheduler=[dict(type='LinearLR', start_factor=0.2,
-                              by_epoch=False, end=12)])
+        str(tmp_path),
+        max_iters=10,
+        model=ToyModel(),
+        custom_hooks=[
+            fault,
+            dict(
+                type='NanGuardHook',
+                policy='rollback',
+                snapshot_interval=4,
+                recover_iters=2,
+            ),
+        ],
+        param_scheduler=[
+            dict(type='LinearLR', start_factor=0.2, by_epoch=False, end=12)
+        ],
+    )
     runner = Runner(**cfg)
     lrs = Lrs()
     runner.register_hook(lrs)
@@ -189,8 +230,7 @@ def test_rollback_backoff_starts_from_the_restored_lr(tmp_path):
     # steps: iteration 7 runs with the lr of iteration 4, x0.5; the ramp
     # gives x0.75 for 8 and the schedule for 9
     sched = [0.01 * (0.2 + 0.8 * i / 11) for i in range(12)]
-    assert [lrs.lr[i] for i in range(7)] == pytest.approx(sched[:7],
-                                                          rel=1e-9)
+    assert [lrs.lr[i] for i in range(7)] == pytest.approx(sched[:7], rel=1e-9)
     assert lrs.lr[7] == pytest.approx(0.5 * sched[4], rel=1e-9)
     assert lrs.lr[8] == pytest.approx(0.75 * sched[5], rel=1e-9)
     assert lrs.lr[9] == pytest.approx(sched[6], rel=1e-9)

@@ -1,6 +1,7 @@
 # Copyright (c) mmnanguard contributors. All rights reserved.
 """Spike detection wired into NanGuardHook, on the toy model: each action,
 escalation, AMP, and the false-positive count of a healthy run."""
+
 import glob
 import json
 import os.path as osp
@@ -28,24 +29,40 @@ class Params(Hook):
 
     def before_train_iter(self, runner, batch_idx, data_batch=None):
         self.before[runner.iter] = [
-            p.detach().clone() for p in runner.model.parameters()]
+            p.detach().clone() for p in runner.model.parameters()
+        ]
         self.lr[runner.iter] = runner.optim_wrapper.get_lr()['lr'][0]
 
-    def after_train_iter(self, runner, batch_idx, data_batch=None,
-                         outputs=None):
+    def after_train_iter(
+        self, runner, batch_idx, data_batch=None, outputs=None
+    ):
         self.after[runner.iter] = [
-            p.detach().clone() for p in runner.model.parameters()]
+            p.detach().clone() for p in runner.model.parameters()
+        ]
 
 
-def run(tmp_path, spike, at=(SPIKE_AT, ), max_iters=16, guard=None,
-        factor=100.0, **kwargs):
+def run(
+    tmp_path,
+    spike,
+    at=(SPIKE_AT,),
+    max_iters=16,
+    guard=None,
+    factor=100.0,
+    **kwargs,
+):
     hooks = [dict(type='NanGuardHook', spike=spike, **(guard or {}))]
     torch.manual_seed(0)  # the toy's initial weights
-    cfg = toy_runner_cfg(str(tmp_path), max_iters=max_iters,
-                         custom_hooks=hooks, model=ToyModel(), **kwargs)
+    cfg = toy_runner_cfg(
+        str(tmp_path),
+        max_iters=max_iters,
+        custom_hooks=hooks,
+        model=ToyModel(),
+        **kwargs,
+    )
     # no 2 s pause of mmengine's restarting iterator every 16 iterations
-    cfg['train_dataloader']['sampler'] = dict(type='InfiniteSampler',
-                                              shuffle=False)
+    cfg['train_dataloader']['sampler'] = dict(
+        type='InfiniteSampler', shuffle=False
+    )
     runner = Runner(**cfg)
     params = Params()
     runner.register_hook(params)
@@ -62,18 +79,28 @@ def same(xs, ys):
 
 
 def reports(work_dir):
-    return [json.load(open(p)) for p in sorted(glob.glob(
-        osp.join(str(work_dir), 'nanguard', '*', 'report.json')))]
+    return [
+        json.load(open(p))
+        for p in sorted(
+            glob.glob(osp.join(str(work_dir), 'nanguard', '*', 'report.json'))
+        )
+    ]
 
 
 def spike_events(guard):
-    return [h['iteration'] for h in guard.history.to_list()
-            if h['event'] == 'spike']
+    return [
+        h['iteration']
+        for h in guard.history.to_list()
+        if h['event'] == 'spike'
+    ]
 
 
 def test_skip_drops_the_update_and_backs_off(tmp_path):
-    runner, params = run(tmp_path, dict(action='skip', warmup=5),
-                         guard=dict(lr_backoff=0.5, history_size=100))
+    runner, params = run(
+        tmp_path,
+        dict(action='skip', warmup=5),
+        guard=dict(lr_backoff=0.5, history_size=100),
+    )
     runner.train()
     g = the_guard(runner)
     assert g.counters['spikes'] == 1 and g.counters['skipped'] == 1
@@ -83,9 +110,11 @@ def test_skip_drops_the_update_and_backs_off(tmp_path):
     assert spike_events(g) == [SPIKE_AT]
     assert params.lr[SPIKE_AT] == 0.01
     assert params.lr[SPIKE_AT + 1] == pytest.approx(0.005)
-    assert runner.message_hub.get_scalar(
-        'train/nanguard_lr_factor').current() == 0.5
-    (report, ) = reports(tmp_path)
+    assert (
+        runner.message_hub.get_scalar('train/nanguard_lr_factor').current()
+        == 0.5
+    )
+    (report,) = reports(tmp_path)
     assert report['kind'] == 'loss_spike' and report['action'] == 'skip'
     assert report['iteration'] == SPIKE_AT and report['local_fault']
     # independent: each quantity against 10 x the max of its earlier values
@@ -97,8 +126,7 @@ def test_skip_drops_the_update_and_backs_off(tmp_path):
         if value > 10 * reference:
             expected[name] = (value, reference)
     assert 'loss_a' in expected and 'loss_b' not in expected
-    found = {s['name']: (s['value'], s['reference'])
-             for s in report['spikes']}
+    found = {s['name']: (s['value'], s['reference']) for s in report['spikes']}
     assert list(found) == list(expected)
     for name, pair in expected.items():
         assert found[name] == pytest.approx(pair, rel=1e-6)
@@ -111,8 +139,10 @@ def test_skip_drops_the_update_and_backs_off(tmp_path):
 
 def test_rollback_restores_the_snapshot(tmp_path):
     runner, params = run(
-        tmp_path, dict(action='rollback', warmup=5),
-        guard=dict(policy='raise', snapshot_interval=4, lr_backoff=0.5))
+        tmp_path,
+        dict(action='rollback', warmup=5),
+        guard=dict(policy='raise', snapshot_interval=4, lr_backoff=0.5),
+    )
     runner.train()
     g = the_guard(runner)
     assert g.counters['spikes'] == 1 and g.counters['rollbacks'] == 1
@@ -127,8 +157,9 @@ def test_log_only_records(tmp_path):
     # the run ends with the spike: under 'log' the 100x update is applied
     # and damages the weights for real (the following iterations spike on
     # their own, which 'skip' above prevents)
-    runner, params = run(tmp_path, dict(action='log', warmup=5),
-                         max_iters=SPIKE_AT + 1)
+    runner, params = run(
+        tmp_path, dict(action='log', warmup=5), max_iters=SPIKE_AT + 1
+    )
     runner.train()
     g = the_guard(runner)
     assert g.counters['spikes'] == 1
@@ -139,7 +170,7 @@ def test_log_only_records(tmp_path):
     assert spike_events(g) == [SPIKE_AT]
     assert reports(tmp_path) == []
     log = open(glob.glob(osp.join(str(tmp_path), '*', '*.log'))[0]).read()
-    assert f'loss spike at iteration {SPIKE_AT} (logged only' in log
+    assert f'NanGuard: spike at iteration {SPIKE_AT} (logged only' in log
     # backward ran on the 100x loss: the grad norm spiked too, one event
     stages = [(s.stage, s.name) for s in g.spike_detector.detections]
     assert ('loss', 'loss_a') in stages and ('grad', 'grad_norm') in stages
@@ -147,27 +178,38 @@ def test_log_only_records(tmp_path):
 
 def test_repeated_spikes_escalate(tmp_path):
     runner, _ = run(
-        tmp_path, dict(action='skip', warmup=5),
-        at=(10, 11, 12), factor=1000.0,
-        guard=dict(max_consecutive_skips=2, escalate_to='raise'))
+        tmp_path,
+        dict(action='skip', warmup=5),
+        at=(10, 11, 12),
+        factor=1000.0,
+        guard=dict(max_consecutive_skips=2, escalate_to='raise'),
+    )
     with pytest.raises(TrainingSpikeError) as err:
         runner.train()
     assert 'loss_spike at iteration 12' in str(err.value)
     assert 'max_consecutive_skips' in str(err.value)
-    assert [r['action'] for r in reports(tmp_path)] == ['skip', 'skip',
-                                                       'raise']
+    assert [r['action'] for r in reports(tmp_path)] == [
+        'skip',
+        'skip',
+        'raise',
+    ]
 
 
 def test_amp_loss_spike_skip_leaves_the_scaler_alone(tmp_path):
-    optim = dict(type='CPUAmpOptimWrapper', dtype='float16',
-                 optimizer=dict(type='SGD', lr=0.01))
-    runner, params = run(tmp_path, dict(action='skip', warmup=5),
-                         optim_wrapper=optim)
+    optim = dict(
+        type='CPUAmpOptimWrapper',
+        dtype='float16',
+        optimizer=dict(type='SGD', lr=0.01),
+    )
+    runner, params = run(
+        tmp_path, dict(action='skip', warmup=5), optim_wrapper=optim
+    )
     scales = []
 
     class Scale(Hook):
-        def after_train_iter(self, runner, batch_idx, data_batch=None,
-                             outputs=None):
+        def after_train_iter(
+            self, runner, batch_idx, data_batch=None, outputs=None
+        ):
             scales.append(runner.optim_wrapper.loss_scaler.get_scale())
 
     runner.register_hook(Scale())
@@ -183,8 +225,13 @@ def test_amp_loss_spike_skip_leaves_the_scaler_alone(tmp_path):
 
 
 def test_no_false_positive_over_200_healthy_toy_iterations(tmp_path):
-    runner, _ = run(tmp_path, dict(action='log'), at=(), max_iters=200,
-                    guard=dict(history_size=200))
+    runner, _ = run(
+        tmp_path,
+        dict(action='log'),
+        at=(),
+        max_iters=200,
+        guard=dict(history_size=200),
+    )
     runner.train()
     g = the_guard(runner)
     assert g.counters['spikes'] == 0

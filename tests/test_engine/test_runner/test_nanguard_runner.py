@@ -18,6 +18,7 @@ from mmnanguard.engine.runner.config_rewrites import (
     infer_validate_settings,
     insert_validate_annotations,
     swap_cross_entropy,
+    swap_module_types,
 )
 from mmnanguard.testing import TINY_DOTA_CONFIG
 from mmnanguard.testing.toy import toy_runner_cfg
@@ -329,3 +330,59 @@ def test_smoke_test_option():
     assert cfg.nanguard.escalate_to == 'raise'
     assert cfg.nanguard.max_consecutive_skips == 8
     assert cfg.nanguard.history_size == 50
+
+
+def test_protection_hook_already_configured_is_not_doubled(tmp_path):
+    runner = _toy_runner(
+        tmp_path,
+        dict(hooks=[dict(type='EmptyCacheHook')]),
+        custom_hooks=[dict(type='EmptyCacheHook', after_iter=True)],
+    )
+    hooks = [h for h in runner.hooks if isinstance(h, EmptyCacheHook)]
+    assert len(hooks) == 1 and hooks[0]._do_after_iter
+
+
+def test_include_wires_the_other_protection_hooks():
+    hooks = Config.fromfile(INCLUDE).nanguard.hooks
+    assert hooks == [
+        dict(type='AmpScaleMonitorHook', when='amp'),
+        dict(type='NanDiagnosisHook'),
+    ]
+
+
+def test_module_swaps_keep_arguments():
+    model = dict(
+        bbox_head=dict(
+            loss_cls=dict(type='mmdet.FocalLoss', gamma=2.0, alpha=0.25),
+            bbox_coder=dict(type='DeltaXYWHTRBBoxCoder', angle_version='le90'),
+            loss_bbox=dict(type='mmdet.L1Loss'),
+        )
+    )
+    swaps = {
+        s['replace']: s['by']
+        for s in ProtectionSettings.from_dict(
+            Config.fromfile(
+                osp.join(
+                    CONFIGS, '_base_', 'safe_modules', 'rotated_retinanet.py'
+                )
+            ).nanguard
+        ).module_swaps
+    }
+    done = swap_module_types(model, swaps)
+    assert len(done) == 2
+    head = model['bbox_head']
+    assert head['loss_cls'] == dict(
+        type='StableFocalLoss', gamma=2.0, alpha=0.25
+    )
+    assert head['bbox_coder'] == dict(
+        type='SafeDeltaXYWHTRBBoxCoder', angle_version='le90'
+    )
+    assert head['loss_bbox'] == dict(type='mmdet.L1Loss')
+
+
+@pytest.mark.parametrize(
+    'swaps', [dict(a='b'), [dict(replace='A')], [dict(replace='A', by=1)]]
+)
+def test_module_swaps_errors(swaps):
+    with pytest.raises(TypeError, match='nanguard.module_swaps'):
+        ProtectionSettings.from_dict(dict(module_swaps=swaps))
