@@ -5,10 +5,15 @@ is left of the run.
 Each cell trains a real tiny config (mmrotate rotated RetinaNet on DOTA,
 mmdet RetinaNet on COCO; generated data) for ``--max-iters`` iterations,
 with one fault planted at iteration ``--fault-iter`` and one protection
-mode, in its own subprocess (a crash in one cell cannot kill the table).
+mode, with its own Runner and work dir. The cells of one (config, fault)
+share a subprocess (one import of the stack); a cell that kills its
+process is rerun alone in a fresh one, so a crash cannot kill the table.
+``--jobs 2`` runs two such groups at once, one torch thread each.
 Checkpoints every ``--ckpt-interval`` iterations. The sampler does not
 shuffle, so a planted annotation reaches the model in iteration
-``--fault-iter`` in every mode.
+``--fault-iter`` in every mode. The fp16 row trains 128 px images for at
+most 4 iterations (fp16 convolutions are ~25x slower than fp32 on a CPU
+without fp16 arithmetic).
 
 Faults (see ``fault_matrix_cell.FAULTS``): a NaN pixel; a zero-width box
 (rotated for DOTA, horizontal for COCO) in an annotation file; an inf loss
@@ -32,7 +37,8 @@ cause named correctly (the first incident report's ``cause``); wall time.
 
 Usage::
 
-    python benchmarks/fault_matrix.py --out benchmarks/fault_matrix.json \
+    python benchmarks/fault_matrix.py --jobs 2 \
+        --out benchmarks/fault_matrix.json \
         --png benchmarks/fault_matrix.png --markdown fault_matrix.md
     python benchmarks/fault_matrix.py --configs dota --faults inf_loss \
         --modes bare guard_skip        # a subset
@@ -43,6 +49,7 @@ import glob
 import json
 import os
 import os.path as osp
+import platform
 import shutil
 import subprocess
 import sys
@@ -55,6 +62,7 @@ HERE = osp.dirname(osp.abspath(__file__))
 REPO = osp.dirname(HERE)
 sys.path[:0] = [HERE, REPO]
 
+import torch  # noqa: E402
 from fault_matrix_cell import FAULTS, MODES, OUTCOMES, run_cell  # noqa: E402
 
 CONFIGS = ('dota', 'coco')
@@ -452,6 +460,13 @@ def main() -> int:
         argv=sys.argv,
         total_s=time.time() - start,
         outcomes=OUTCOMES,
+        date=time.strftime('%Y-%m-%d %H:%M:%S %Z'),
+        machine=dict(
+            nproc=os.cpu_count(),
+            platform=platform.platform(),
+            python=platform.python_version(),
+            torch=torch.__version__,
+        ),
     )
     if args.out:
         with open(args.out, 'w') as f:

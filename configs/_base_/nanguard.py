@@ -16,6 +16,10 @@ nanguard = dict(
     snapshot_interval=50,
     lr_backoff=0.5,
     max_rollbacks=3,
+    # loss / grad-norm spikes (> factor x the running max of the last
+    # `window` values): 'log' records them (counter, log line, incident ring
+    # buffer) and changes nothing; 'skip' or 'rollback' act on them
+    spike=dict(action='log', factor=10.0, window=50),
     # more protection hooks, one per line (when='amp': AMP optim wrappers
     # only); each is added unless the config already has one of its type
     hooks=[

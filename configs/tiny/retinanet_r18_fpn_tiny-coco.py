@@ -10,14 +10,15 @@ metainfo = dict(classes=('square', 'bar', 'block'))
 model = dict(
     backbone=dict(depth=18, init_cfg=None),
     neck=dict(in_channels=[64, 128, 256, 512], out_channels=64),
-    bbox_head=dict(num_classes=3, in_channels=64, feat_channels=64))
+    bbox_head=dict(num_classes=3, in_channels=64, feat_channels=64),
+)
 
 train_pipeline = [
     dict(type='LoadImageFromFile', backend_args=None),
     dict(type='LoadAnnotations', with_bbox=True),
     dict(type='Resize', scale=img_scale, keep_ratio=True),
     dict(type='RandomFlip', prob=0.5),
-    dict(type='PackDetInputs')
+    dict(type='PackDetInputs'),
 ]
 train_dataloader = dict(
     batch_size=2,
@@ -28,7 +29,9 @@ train_dataloader = dict(
         metainfo=metainfo,
         ann_file='annotations/instances.json',
         data_prefix=dict(img='images/'),
-        pipeline=train_pipeline))
+        pipeline=train_pipeline,
+    ),
+)
 
 train_cfg = dict(max_epochs=2, val_interval=100)
 val_cfg = None

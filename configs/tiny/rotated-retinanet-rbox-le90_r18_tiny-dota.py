@@ -9,7 +9,8 @@ img_scale = (256, 256)
 model = dict(
     backbone=dict(depth=18, init_cfg=None),
     neck=dict(in_channels=[64, 128, 256, 512], out_channels=64),
-    bbox_head=dict(in_channels=64, feat_channels=64))
+    bbox_head=dict(in_channels=64, feat_channels=64),
+)
 
 train_pipeline = [
     dict(type='mmdet.LoadImageFromFile', backend_args=None),
@@ -19,15 +20,18 @@ train_pipeline = [
     dict(
         type='mmdet.RandomFlip',
         prob=0.75,
-        direction=['horizontal', 'vertical', 'diagonal']),
-    dict(type='mmdet.PackDetInputs')
+        direction=['horizontal', 'vertical', 'diagonal'],
+    ),
+    dict(type='mmdet.PackDetInputs'),
 ]
 train_dataloader = dict(
     batch_size=2,
     num_workers=0,
     persistent_workers=False,
     dataset=dict(
-        data_root=data_root, img_shape=img_scale, pipeline=train_pipeline))
+        data_root=data_root, img_shape=img_scale, pipeline=train_pipeline
+    ),
+)
 
 train_cfg = dict(max_epochs=2, val_interval=100)
 val_cfg = None
@@ -37,7 +41,6 @@ test_cfg = None
 test_dataloader = None
 test_evaluator = None
 
-default_hooks = dict(
-    logger=dict(interval=1), visualization=dict(draw=False))
+default_hooks = dict(logger=dict(interval=1), visualization=dict(draw=False))
 log_processor = dict(window_size=1)
 randomness = dict(seed=0)

@@ -1,5 +1,6 @@
 # Copyright (c) mmnanguard contributors. All rights reserved.
 """Validated settings of the guard, shared by its hook and runner."""
+
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Dict, Optional, Union
 
@@ -84,26 +85,37 @@ class GuardSettings:
     def __post_init__(self) -> None:
         _check_choice('policy', self.policy, POLICIES)
         _check_choice('escalate_to', self.escalate_to, ESCALATIONS)
-        _check_choice('rollback_source', self.rollback_source,
-                      ROLLBACK_SOURCES)
-        for name in ('max_consecutive_skips', 'snapshot_interval',
-                     'keep_snapshots',
-                     'max_rollbacks', 'max_incidents', 'top_k_grads',
-                     'history_size'):
+        _check_choice(
+            'rollback_source', self.rollback_source, ROLLBACK_SOURCES
+        )
+        for name in (
+            'max_consecutive_skips',
+            'snapshot_interval',
+            'keep_snapshots',
+            'max_rollbacks',
+            'max_incidents',
+            'top_k_grads',
+            'history_size',
+        ):
             _check_int(name, getattr(self, name), minimum=1)
         _check_int('param_check_interval', self.param_check_interval, 0)
         _check_int('recover_iters', self.recover_iters, 0)
         if self.spike is not None:
             self.spike = SpikeSettings.from_dict(self.spike)
-        if (isinstance(self.lr_backoff, bool)
-                or not isinstance(self.lr_backoff, (int, float))
-                or not 0 < self.lr_backoff <= 1):
+        if (
+            isinstance(self.lr_backoff, bool)
+            or not isinstance(self.lr_backoff, (int, float))
+            or not 0 < self.lr_backoff <= 1
+        ):
             raise ValueError(
                 f'nanguard: lr_backoff={self.lr_backoff!r} is invalid; '
-                'expected a number in (0, 1], e.g. 0.5')
+                'expected a number in (0, 1], e.g. 0.5'
+            )
         if not isinstance(self.save_batch, bool):
-            raise TypeError(f'nanguard: save_batch={self.save_batch!r} is '
-                            'invalid; expected True or False')
+            raise TypeError(
+                f'nanguard: save_batch={self.save_batch!r} is '
+                'invalid; expected True or False'
+            )
 
     @classmethod
     def from_dict(cls, cfg: Dict[str, Any]) -> 'GuardSettings':
@@ -113,7 +125,8 @@ class GuardSettings:
         if unknown:
             raise ValueError(
                 f'nanguard: unknown setting(s) {unknown}; allowed settings '
-                f'are {sorted(known)}')
+                f'are {sorted(known)}'
+            )
         return cls(**cfg)
 
     def to_dict(self) -> Dict[str, Any]:
@@ -123,12 +136,19 @@ class GuardSettings:
 
 def _check_choice(name: str, value: Any, allowed: tuple) -> None:
     if value not in allowed:
-        raise ValueError(f'nanguard: {name}={value!r} is invalid; allowed '
-                         f'values are {allowed}')
+        raise ValueError(
+            f'nanguard: {name}={value!r} is invalid; allowed '
+            f'values are {allowed}'
+        )
 
 
 def _check_int(name: str, value: Any, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) \
-            or value < minimum:
-        raise ValueError(f'nanguard: {name}={value!r} is invalid; expected '
-                         f'an integer >= {minimum}')
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int)
+        or value < minimum
+    ):
+        raise ValueError(
+            f'nanguard: {name}={value!r} is invalid; expected '
+            f'an integer >= {minimum}'
+        )

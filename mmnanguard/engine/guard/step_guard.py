@@ -1,5 +1,6 @@
 # Copyright (c) mmnanguard contributors. All rights reserved.
 """The decisions taken inside the optimizer wrapper, before any step."""
+
 import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional
@@ -80,8 +81,7 @@ class StepGuard:
         self.record.loss_nonfinite |= bad
         if bad or not self.loss_vetoes:
             return not bad
-        return not self._vetoed('loss', self.loss_vetoes,
-                                float(loss.detach()))
+        return not self._vetoed('loss', self.loss_vetoes, float(loss.detach()))
 
     def _vetoed(self, stage: str, vetoes: List[Veto], value: float) -> bool:
         if not vetoes:
@@ -93,8 +93,9 @@ class StepGuard:
         self.record.veto_stage = stage
         return True
 
-    def grad_norm_is_finite(self, norm: Any,
-                            optimizer: torch.optim.Optimizer) -> bool:
+    def grad_norm_is_finite(
+        self, norm: Any, optimizer: torch.optim.Optimizer
+    ) -> bool:
         """Whether the optimizer may step with gradients of norm ``norm``.
 
         On a non-finite norm the parameters with the largest or non-finite
@@ -108,7 +109,8 @@ class StepGuard:
             self.record.local_grad_nonfinite |= local_bad
             self.record.grad_nonfinite = True
             self.record.top_grad_params = top_grad_norms(
-                self.named_params, optimizer, self.top_k_grads)
+                self.named_params, optimizer, self.top_k_grads
+            )
             return False
         return not self._vetoed('grad', self.grad_vetoes, value)
 

@@ -4,5 +4,9 @@ from .fault_injection_hook import FaultInjectionHook
 from .nan_diagnosis_hook import NanDiagnosisHook
 from .nanguard_hook import NanGuardHook
 
-__all__ = ['NanGuardHook', 'FaultInjectionHook', 'AmpScaleMonitorHook',
-           'NanDiagnosisHook']
+__all__ = [
+    'NanGuardHook',
+    'FaultInjectionHook',
+    'AmpScaleMonitorHook',
+    'NanDiagnosisHook',
+]

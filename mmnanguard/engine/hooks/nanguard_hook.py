@@ -1,5 +1,6 @@
 # Copyright (c) mmnanguard contributors. All rights reserved.
 """NanGuardHook: no non-finite value reaches the weights or a checkpoint."""
+
 import glob
 import os.path as osp
 from collections import deque
@@ -39,9 +40,19 @@ DATA_BATCH = Optional[Any]
 #: and saved in checkpoints under ``nanguard``. None contains ``loss``,
 #: ``time`` or ``grad_norm``: ``LogProcessor`` would average those over its
 #: window instead of showing the current count.
-COUNTERS = ('incidents', 'skipped', 'rollbacks', 'nonfinite_objective',
-            'nonfinite_grad', 'nonfinite_params', 'poisoned_checkpoints',
-            'amp_skipped', 'spikes', 'vetoed', 'lr_backoffs')
+COUNTERS = (
+    'incidents',
+    'skipped',
+    'rollbacks',
+    'nonfinite_objective',
+    'nonfinite_grad',
+    'nonfinite_params',
+    'poisoned_checkpoints',
+    'amp_skipped',
+    'spikes',
+    'vetoed',
+    'lr_backoffs',
+)
 
 #: incident kind -> the counter it increments.
 KIND_COUNTER = dict(
@@ -51,7 +62,8 @@ KIND_COUNTER = dict(
     nonfinite_checkpoint='poisoned_checkpoints',
     loss_spike='spikes',
     grad_spike='spikes',
-    vetoed_update='vetoed')
+    vetoed_update='vetoed',
+)
 
 #: ``record.veto_stage`` -> incident kind of a spike veto.
 SPIKE_KINDS = dict(loss='loss_spike', grad='grad_spike')
@@ -138,8 +150,9 @@ class NanGuardHook(Hook):
         #: Called as ``listener(runner, report, folder)`` after an incident
         #: is written and before the policy acts (diagnosis plugs in here).
         self.incident_listeners: List[Callable] = []
-        self.lr_backoff = LrBackoff(self.settings.lr_backoff,
-                                    self.settings.recover_iters)
+        self.lr_backoff = LrBackoff(
+            self.settings.lr_backoff, self.settings.recover_iters
+        )
         self._ckpt_lr_multipliers: Dict[int, float] = {}
         self.spike_detector: Optional[SpikeDetector] = None
         if self.settings.spike is not None:
@@ -158,20 +171,24 @@ class NanGuardHook(Hook):
         for name in non_chaining_schedulers(runner):
             runner.logger.warning(
                 f'NanGuard: {name} recomputes the lr from its stored values: '
-                'it discards an lr backoff at its next step')
-        self.recorder = IncidentRecorder(runner.work_dir,
-                                         self.settings.max_incidents,
-                                         get_rank(), get_world_size())
+                'it discards an lr backoff at its next step'
+            )
+        self.recorder = IncidentRecorder(
+            runner.work_dir,
+            self.settings.max_incidents,
+            get_rank(),
+            get_world_size(),
+        )
         self.recorder.written = len(
-            glob.glob(osp.join(self.recorder.root, 'incident_*')))
+            glob.glob(osp.join(self.recorder.root, 'incident_*'))
+        )
         if self._uses_snapshots():
             self._take_snapshot(runner, iteration=runner.iter)
         runner.logger.info(f'NanGuard active: {self.settings.to_dict()}')
 
-    def before_train_iter(self,
-                          runner,
-                          batch_idx: int,
-                          data_batch: DATA_BATCH = None) -> None:
+    def before_train_iter(
+        self, runner, batch_idx: int, data_batch: DATA_BATCH = None
+    ) -> None:
         """Keep a reference to the batch and the RNG states (no copies)."""
         self.step_guard.begin_iteration()
         if self.spike_detector is not None:
@@ -180,11 +197,13 @@ class NanGuardHook(Hook):
         if self.settings.save_batch:
             self._rng_state = capture_rng_state()
 
-    def after_train_iter(self,
-                         runner,
-                         batch_idx: int,
-                         data_batch: DATA_BATCH = None,
-                         outputs: Optional[dict] = None) -> None:
+    def after_train_iter(
+        self,
+        runner,
+        batch_idx: int,
+        data_batch: DATA_BATCH = None,
+        outputs: Optional[dict] = None,
+    ) -> None:
         """Check the parameters, then act on what the step guard saw."""
         record = self.step_guard.record
         terms = loss_terms_of(outputs)
@@ -194,40 +213,58 @@ class NanGuardHook(Hook):
         elif record.grad_nonfinite:
             kind = 'nonfinite_grad'
         elif record.veto is not None:
-            kind = 'vetoed_update' if self.spike_detector is None else \
-                SPIKE_KINDS[record.veto_stage]
-        elif self._param_check_due(runner, record) and \
-                not self._params_finite(runner):
+            kind = (
+                'vetoed_update'
+                if self.spike_detector is None
+                else SPIKE_KINDS[record.veto_stage]
+            )
+        elif self._param_check_due(runner, record) and not self._params_finite(
+            runner
+        ):
             kind = 'nonfinite_params'
         self.counters['skipped'] += record.skipped_steps
         self.counters['amp_skipped'] += record.amp_skipped_steps
-        self.history.append(runner.iter, terms, record.grad_norm,
-                            self._first_lr(runner), record.loss_scale)
-        spikes = self.spike_detector.detections if self.spike_detector \
-            else []
+        self.history.append(
+            runner.iter,
+            terms,
+            record.grad_norm,
+            self._first_lr(runner),
+            record.loss_scale,
+        )
+        spikes = self.spike_detector.detections if self.spike_detector else []
         if spikes and record.veto is None:  # action='log'
             self.counters['spikes'] += 1
             self.history.mark_last('spike')
             runner.logger.warning(
                 f'NanGuard: spike at iteration {runner.iter} (logged '
-                f'only, spike.action=log): {self.spike_detector.describe()}')
+                f'only, spike.action=log): {self.spike_detector.describe()}'
+            )
         if kind is not None:
             self._on_incident(
-                runner, kind, terms, record,
+                runner,
+                kind,
+                terms,
+                record,
                 extra=dict(spikes=self.spike_detector.detections_as_dicts())
-                if kind in SPIKE_KINDS.values() else None,
+                if kind in SPIKE_KINDS.values()
+                else None,
                 error_cls=TrainingSpikeError
-                if kind in SPIKE_KINDS.values() else NonFiniteTrainingError)
+                if kind in SPIKE_KINDS.values()
+                else NonFiniteTrainingError,
+            )
         elif record.steps:
             self.consecutive_skips = 0
-            if self._uses_snapshots() and \
-                    (runner.iter + 1) % self.settings.snapshot_interval == 0:
+            if (
+                self._uses_snapshots()
+                and (runner.iter + 1) % self.settings.snapshot_interval == 0
+            ):
                 self._take_snapshot(runner, iteration=runner.iter + 1)
         if self.lr_backoff.step(runner.optim_wrapper, runner.iter) == 1.0:
             runner.logger.info(
                 f'NanGuard: learning rates back on the schedule after '
                 f'iteration {runner.iter} (recover_iters='
-                f'{self.settings.recover_iters})')
+                f'{self.settings.recover_iters})'
+            )
         self._publish(runner)
 
     def before_save_checkpoint(self, runner, checkpoint: dict) -> None:
@@ -235,26 +272,35 @@ class NanGuardHook(Hook):
         bad = nonfinite_paths(
             dict(
                 state_dict=checkpoint.get('state_dict'),
-                optimizer=checkpoint.get('optimizer')))
+                optimizer=checkpoint.get('optimizer'),
+            )
+        )
         if bad:
-            record = self.step_guard.record if self.step_guard else \
-                IterationRecord()
+            record = (
+                self.step_guard.record
+                if self.step_guard
+                else IterationRecord()
+            )
             self._on_incident(
                 runner,
                 'nonfinite_checkpoint',
                 {},
                 record,
                 extra=dict(nonfinite_tensors=bad[:50]),
-                error_cls=PoisonedCheckpointError)
+                error_cls=PoisonedCheckpointError,
+            )
             self._refill_checkpoint(runner, checkpoint)
         self.last_good_checkpoint = runner.message_hub.get_info('last_ckpt')
         checkpoint['nanguard'] = dict(
             counters=dict(self.counters),
             lr_backoff=self.lr_backoff.state_dict(),
             spike=self.spike_detector.state_dict()
-            if self.spike_detector else None)
-        self._ckpt_lr_multipliers[checkpoint.get('meta', {}).get(
-            'iter', -1)] = self.lr_backoff.multiplier
+            if self.spike_detector
+            else None,
+        )
+        self._ckpt_lr_multipliers[
+            checkpoint.get('meta', {}).get('iter', -1)
+        ] = self.lr_backoff.multiplier
 
     def after_load_checkpoint(self, runner, checkpoint: dict) -> None:
         """Restore the counters saved by :meth:`before_save_checkpoint`."""
@@ -276,8 +322,8 @@ class NanGuardHook(Hook):
         s = self.settings
         spike_policy = s.spike.action if s.spike else None
         return 'rollback' in (s.policy, spike_policy) or (
-            'skip' in (s.policy, spike_policy)
-            and s.escalate_to == 'rollback')
+            'skip' in (s.policy, spike_policy) and s.escalate_to == 'rollback'
+        )
 
     def _install_spike_detector(self, runner) -> None:
         detector = self.spike_detector
@@ -294,16 +340,21 @@ class NanGuardHook(Hook):
             runner.logger.warning(
                 f'NanGuard: grad_norm spikes are not checked for {amp}: '
                 'under AMP the GradScaler owns the gradients; loss spikes '
-                'are checked')
+                'are checked'
+            )
 
     def _param_check_due(self, runner, record: IterationRecord) -> bool:
         interval = self.settings.param_check_interval
-        return interval > 0 and record.steps > 0 and \
-            (runner.iter + 1) % interval == 0
+        return (
+            interval > 0
+            and record.steps > 0
+            and (runner.iter + 1) % interval == 0
+        )
 
     def _params_finite(self, runner) -> bool:
         params = [
-            p for w in optim_wrapper_members(runner.optim_wrapper)
+            p
+            for w in optim_wrapper_members(runner.optim_wrapper)
             for p in optimizer_params(w.optimizer)
         ]
         local_bad = not bool(total_norm(params).isfinite())
@@ -320,38 +371,47 @@ class NanGuardHook(Hook):
             action, reason = 'rollback', f'policy={policy}'
         elif kind in ('nonfinite_params', 'nonfinite_checkpoint'):
             action = s.escalate_to
-            reason = ('the parameters are already non-finite, a skip cannot '
-                      f'undo the step: escalate_to={s.escalate_to}')
+            reason = (
+                'the parameters are already non-finite, a skip cannot '
+                f'undo the step: escalate_to={s.escalate_to}'
+            )
         elif self.consecutive_skips >= s.max_consecutive_skips:
             action = s.escalate_to
-            reason = (f'{self.consecutive_skips} consecutive skips reached '
-                      f'max_consecutive_skips={s.max_consecutive_skips}: '
-                      f'escalate_to={s.escalate_to}')
+            reason = (
+                f'{self.consecutive_skips} consecutive skips reached '
+                f'max_consecutive_skips={s.max_consecutive_skips}: '
+                f'escalate_to={s.escalate_to}'
+            )
         else:
             return 'skip', 'policy=skip'
         if action == 'rollback':
             if self.counters['rollbacks'] >= s.max_rollbacks:
-                return 'raise', (f'{reason}, but max_rollbacks='
-                                 f'{s.max_rollbacks} rollbacks are spent')
+                return 'raise', (
+                    f'{reason}, but max_rollbacks='
+                    f'{s.max_rollbacks} rollbacks are spent'
+                )
             if self._rollback_source() is None:
                 return 'raise', f'{reason}, but no known-good state exists'
         return action, reason
 
-    def _on_incident(self,
-                     runner,
-                     kind: str,
-                     terms: Dict[str, float],
-                     record: IterationRecord,
-                     extra: Optional[Dict[str, Any]] = None,
-                     error_cls: type = NonFiniteTrainingError) -> None:
+    def _on_incident(
+        self,
+        runner,
+        kind: str,
+        terms: Dict[str, float],
+        record: IterationRecord,
+        extra: Optional[Dict[str, Any]] = None,
+        error_cls: type = NonFiniteTrainingError,
+    ) -> None:
         index = self.counters['incidents']
         self.counters['incidents'] += 1
         self.counters[KIND_COUNTER[kind]] += 1
         action, reason = self._decide(kind)
         if kind in VETO_KINDS:
             reason = f'{record.veto}; {reason}'
-        self.history.mark_last('spike' if kind in SPIKE_KINDS.values() else
-                               'incident')
+        self.history.mark_last(
+            'spike' if kind in SPIKE_KINDS.values() else 'incident'
+        )
         report = build_report(
             runner=runner,
             kind=kind,
@@ -361,16 +421,19 @@ class NanGuardHook(Hook):
             record=record,
             data_batch=self._data_batch,
             local_fault=record.local_loss_nonfinite
-            or record.local_grad_nonfinite or kind.endswith('params')
+            or record.local_grad_nonfinite
+            or kind.endswith('params')
             or bool(extra and extra.get('spikes')),
             history=self.history.to_list(),
-            extra=extra)
+            extra=extra,
+        )
         batch = None
         if self.settings.save_batch:
             batch = dict(
                 data_batch=self._data_batch,
                 rng_state=self._rng_state,
-                iteration=runner.iter)
+                iteration=runner.iter,
+            )
         folder = self.recorder.record(index, report, batch)
         self.last_report = report
         for listener in self.incident_listeners:
@@ -389,13 +452,16 @@ class NanGuardHook(Hook):
                 runner.logger.warning(
                     f'NanGuard: spike skipped; learning rates x'
                     f'{self.settings.lr_backoff}: {_lr_changes(changes)}'
-                    f'{self._ramp_note()}')
+                    f'{self._ramp_note()}'
+                )
 
     # -- state ------------------------------------------------------------
     def _rollback_source(self) -> Optional[str]:
-        if (self.settings.rollback_source == 'checkpoint'
-                and self.last_good_checkpoint
-                and osp.isfile(self.last_good_checkpoint)):
+        if (
+            self.settings.rollback_source == 'checkpoint'
+            and self.last_good_checkpoint
+            and osp.isfile(self.last_good_checkpoint)
+        ):
             return self.last_good_checkpoint
         return 'memory' if self.snapshots else None
 
@@ -403,7 +469,8 @@ class NanGuardHook(Hook):
         """Snapshot the state in which iteration ``iteration`` starts."""
         if not self._params_finite(runner):
             runner.logger.warning(
-                'NanGuard: parameters are non-finite, no snapshot taken')
+                'NanGuard: parameters are non-finite, no snapshot taken'
+            )
             return
         snapshot = TrainingSnapshot.capture(runner)
         snapshot.iteration = iteration
@@ -419,17 +486,22 @@ class NanGuardHook(Hook):
 
     def _rollback(self, runner) -> None:
         source = self._rollback_source()
-        state = self._snapshot_for_rollback() if source == 'memory' else \
-            TrainingSnapshot.from_checkpoint(runner, source)
+        state = (
+            self._snapshot_for_rollback()
+            if source == 'memory'
+            else TrainingSnapshot.from_checkpoint(runner, source)
+        )
         state.restore(runner)
         for wrapper in optim_wrapper_members(runner.optim_wrapper):
             wrapper.optimizer.zero_grad(set_to_none=True)
             wrapper._nanguard_poisoned = False
         # the restored lrs carry the multiplier of the restored state
         self.lr_backoff.restored(
-            getattr(state, 'lr_multiplier', None) or
-            self._ckpt_lr_multipliers.get(state.iteration,
-                                          self.lr_backoff.multiplier))
+            getattr(state, 'lr_multiplier', None)
+            or self._ckpt_lr_multipliers.get(
+                state.iteration, self.lr_backoff.multiplier
+            )
+        )
         changes = self._back_off(runner)
         self.counters['rollbacks'] += 1
         self.consecutive_skips = 0
@@ -439,7 +511,8 @@ class NanGuardHook(Hook):
             f'{self.settings.lr_backoff}: '
             f'{_lr_changes(changes)}; rollback '
             f"{self.counters['rollbacks']}/{self.settings.max_rollbacks}"
-            f'{self._ramp_note()}')
+            f'{self._ramp_note()}'
+        )
 
     def _back_off(self, runner) -> List[Tuple[float, float]]:
         self.counters['lr_backoffs'] += 1
@@ -447,31 +520,35 @@ class NanGuardHook(Hook):
 
     def _ramp_note(self) -> str:
         n = self.settings.recover_iters
-        return f'; ramping back to the schedule over {n} iterations' \
-            if n else ''
+        return (
+            f'; ramping back to the schedule over {n} iterations' if n else ''
+        )
 
     def _refill_checkpoint(self, runner, checkpoint: dict) -> None:
         """After a rollback, write the restored state instead."""
         checkpoint['state_dict'] = weights_to_cpu(
-            unwrap_model(runner.model).state_dict())
+            unwrap_model(runner.model).state_dict()
+        )
         if 'optimizer' in checkpoint:
             checkpoint['optimizer'] = apply_to(
                 runner.optim_wrapper.state_dict(),
-                lambda x: hasattr(x, 'cpu'), lambda x: x.cpu())
+                lambda x: hasattr(x, 'cpu'),
+                lambda x: x.cpu(),
+            )
         if 'param_schedulers' in checkpoint:
             checkpoint['param_schedulers'] = scheduler_states(runner)
 
     @staticmethod
     def _first_lr(runner) -> Optional[float]:
-        lrs: Sequence = next(iter(runner.optim_wrapper.get_lr().values()),
-                             [])
+        lrs: Sequence = next(iter(runner.optim_wrapper.get_lr().values()), [])
         return float(lrs[0]) if len(lrs) else None
 
     def _publish(self, runner) -> None:
         for name, value in self.counters.items():
             runner.message_hub.update_scalar(f'train/nanguard_{name}', value)
-        runner.message_hub.update_scalar('train/nanguard_lr_factor',
-                                         self.lr_backoff.multiplier)
+        runner.message_hub.update_scalar(
+            'train/nanguard_lr_factor', self.lr_backoff.multiplier
+        )
 
 
 def _lr_changes(changes: List[Tuple[float, float]]) -> List[str]:
