@@ -6,7 +6,7 @@ from typing import Any, Dict, List, Optional
 import torch
 from mmengine.hooks import EMAHook
 from mmengine.model import is_model_wrapper
-from mmengine.runner.checkpoint import CheckpointLoader
+from mmengine.runner.checkpoint import CheckpointLoader, weights_to_cpu
 from mmengine.utils import apply_to
 
 
@@ -138,3 +138,22 @@ class TrainingSnapshot:
         _load_scheduler_states(runner, _clone_tree(self.schedulers, None))
         for hook, state in zip(ema_hooks(runner), self.ema):
             hook.ema_model.load_state_dict(state)
+
+
+def write_runner_state(runner, checkpoint: dict) -> None:
+    """Put the runner's current model, optimizer and scheduler states into
+    a checkpoint dict that ``Runner.save_checkpoint`` is about to write (as
+    it builds them: tensors on the CPU). Only the keys already present are
+    replaced, besides ``state_dict``.
+    """
+    checkpoint['state_dict'] = weights_to_cpu(
+        unwrap_model(runner.model).state_dict()
+    )
+    if 'optimizer' in checkpoint:
+        checkpoint['optimizer'] = apply_to(
+            runner.optim_wrapper.state_dict(),
+            lambda x: hasattr(x, 'cpu'),
+            lambda x: x.cpu(),
+        )
+    if 'param_schedulers' in checkpoint:
+        checkpoint['param_schedulers'] = scheduler_states(runner)

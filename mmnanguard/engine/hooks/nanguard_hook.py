@@ -3,14 +3,11 @@
 
 import glob
 import os.path as osp
-from collections import deque
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from mmengine.dist import get_rank, get_world_size
 from mmengine.hooks import Hook
 from mmengine.optim import AmpOptimWrapper
-from mmengine.runner.checkpoint import weights_to_cpu
-from mmengine.utils import apply_to
 
 from mmnanguard.registry import HOOKS, register_shared
 
@@ -27,10 +24,13 @@ from ..guard import (
 from ..guard.distributed import any_rank
 from ..guard.exceptions import TrainingSpikeError
 from ..guard.finite import nonfinite_paths, optimizer_params, total_norm
+from ..guard.loss_terms import capture_loss_terms
 from ..guard.lr_backoff import LrBackoff, non_chaining_schedulers
+from ..guard.policy import VETO_KINDS, decide_action
 from ..guard.report import build_report, describe, loss_terms_of
 from ..guard.rng import capture_rng_state
-from ..guard.snapshot import scheduler_states, unwrap_model
+from ..guard.snapshot import unwrap_model, write_runner_state
+from ..guard.snapshot_store import SnapshotStore
 from ..guard.spike_detector import SpikeDetector
 from ..optimizers import install_step_guard, optim_wrapper_members
 
@@ -67,28 +67,6 @@ KIND_COUNTER = dict(
 
 #: ``record.veto_stage`` -> incident kind of a spike veto.
 SPIKE_KINDS = dict(loss='loss_spike', grad='grad_spike')
-#: Kinds whose update a veto already dropped (``vetoed_update``: a veto
-#: installed by another extension, handled as a skip).
-VETO_KINDS = ('loss_spike', 'grad_spike', 'vetoed_update')
-
-
-def _capture_loss_terms(model, step_guard: StepGuard) -> None:
-    """Record ``parse_losses``' log vars in the step guard's record, so that
-    every loss term is known before backward (for attribution and for
-    vetoes). The model's own ``parse_losses`` still computes them."""
-    if getattr(model.parse_losses, '_nanguard_capture', False):
-        model._nanguard_step_guard = step_guard  # installed before
-        return
-    parse_losses = model.parse_losses
-    model._nanguard_step_guard = step_guard
-
-    def parse_and_capture(losses):
-        loss, log_vars = parse_losses(losses)
-        model._nanguard_step_guard.record.loss_terms = log_vars
-        return loss, log_vars
-
-    parse_and_capture._nanguard_capture = True
-    model.parse_losses = parse_and_capture
 
 
 @register_shared(HOOKS)
@@ -140,8 +118,7 @@ class NanGuardHook(Hook):
         self.history = IterationHistory(self.settings.history_size)
         self.step_guard: Optional[StepGuard] = None
         self.recorder: Optional[IncidentRecorder] = None
-        self.snapshots: deque = deque(maxlen=self.settings.keep_snapshots)
-        self._newest_snapshot_tried = False
+        self.snapshots = SnapshotStore(self.settings.keep_snapshots)
         self.last_good_checkpoint: Optional[str] = None
         self.consecutive_skips = 0
         self.last_report: Optional[Dict[str, Any]] = None
@@ -165,7 +142,7 @@ class NanGuardHook(Hook):
         names = {id(p): n for n, p in model.named_parameters()}
         self.step_guard = StepGuard(names, self.settings.top_k_grads)
         install_step_guard(runner.optim_wrapper, self.step_guard)
-        _capture_loss_terms(model, self.step_guard)
+        capture_loss_terms(model, self.step_guard)
         if self.spike_detector is not None:
             self._install_spike_detector(runner)
         for name in non_chaining_schedulers(runner):
@@ -289,7 +266,7 @@ class NanGuardHook(Hook):
                 extra=dict(nonfinite_tensors=bad[:50]),
                 error_cls=PoisonedCheckpointError,
             )
-            self._refill_checkpoint(runner, checkpoint)
+            write_runner_state(runner, checkpoint)  # the restored state
         self.last_good_checkpoint = runner.message_hub.get_info('last_ckpt')
         checkpoint['nanguard'] = dict(
             counters=dict(self.counters),
@@ -361,38 +338,13 @@ class NanGuardHook(Hook):
         return not any_rank(local_bad)
 
     def _decide(self, kind: str) -> Tuple[str, str]:
-        s = self.settings
-        policy = s.policy
-        if kind in VETO_KINDS:
-            policy = s.spike.action if s.spike else 'skip'
-        if policy == 'raise':
-            return 'raise', 'policy=raise'
-        if policy == 'rollback':
-            action, reason = 'rollback', f'policy={policy}'
-        elif kind in ('nonfinite_params', 'nonfinite_checkpoint'):
-            action = s.escalate_to
-            reason = (
-                'the parameters are already non-finite, a skip cannot '
-                f'undo the step: escalate_to={s.escalate_to}'
-            )
-        elif self.consecutive_skips >= s.max_consecutive_skips:
-            action = s.escalate_to
-            reason = (
-                f'{self.consecutive_skips} consecutive skips reached '
-                f'max_consecutive_skips={s.max_consecutive_skips}: '
-                f'escalate_to={s.escalate_to}'
-            )
-        else:
-            return 'skip', 'policy=skip'
-        if action == 'rollback':
-            if self.counters['rollbacks'] >= s.max_rollbacks:
-                return 'raise', (
-                    f'{reason}, but max_rollbacks='
-                    f'{s.max_rollbacks} rollbacks are spent'
-                )
-            if self._rollback_source() is None:
-                return 'raise', f'{reason}, but no known-good state exists'
-        return action, reason
+        return decide_action(
+            self.settings,
+            kind,
+            self.consecutive_skips,
+            self.counters['rollbacks'],
+            self._rollback_source() is not None,
+        )
 
     def _on_incident(
         self,
@@ -475,19 +427,12 @@ class NanGuardHook(Hook):
         snapshot = TrainingSnapshot.capture(runner)
         snapshot.iteration = iteration
         snapshot.lr_multiplier = self.lr_backoff.multiplier
-        self.snapshots.append(snapshot)
-        self._newest_snapshot_tried = False
-
-    def _snapshot_for_rollback(self) -> TrainingSnapshot:
-        if self._newest_snapshot_tried and len(self.snapshots) > 1:
-            self.snapshots.pop()  # restoring it did not help: go further
-        self._newest_snapshot_tried = True
-        return self.snapshots[-1]
+        self.snapshots.add(snapshot)
 
     def _rollback(self, runner) -> None:
         source = self._rollback_source()
         state = (
-            self._snapshot_for_rollback()
+            self.snapshots.for_rollback()
             if source == 'memory'
             else TrainingSnapshot.from_checkpoint(runner, source)
         )
@@ -523,20 +468,6 @@ class NanGuardHook(Hook):
         return (
             f'; ramping back to the schedule over {n} iterations' if n else ''
         )
-
-    def _refill_checkpoint(self, runner, checkpoint: dict) -> None:
-        """After a rollback, write the restored state instead."""
-        checkpoint['state_dict'] = weights_to_cpu(
-            unwrap_model(runner.model).state_dict()
-        )
-        if 'optimizer' in checkpoint:
-            checkpoint['optimizer'] = apply_to(
-                runner.optim_wrapper.state_dict(),
-                lambda x: hasattr(x, 'cpu'),
-                lambda x: x.cpu(),
-            )
-        if 'param_schedulers' in checkpoint:
-            checkpoint['param_schedulers'] = scheduler_states(runner)
 
     @staticmethod
     def _first_lr(runner) -> Optional[float]:

@@ -1,0 +1,73 @@
+# Copyright (c) mmnanguard contributors. All rights reserved.
+"""What the guard does about one incident: ``raise``, ``skip`` or
+``rollback``, and why."""
+
+from typing import Tuple
+
+from .settings import GuardSettings
+
+#: Kinds whose update a veto already dropped (``vetoed_update``: a veto
+#: installed by another extension, handled as a skip).
+VETO_KINDS = ('loss_spike', 'grad_spike', 'vetoed_update')
+#: Kinds where the weights are already non-finite: a skip cannot help.
+PARAM_KINDS = ('nonfinite_params', 'nonfinite_checkpoint')
+
+
+def decide_action(
+    settings: GuardSettings,
+    kind: str,
+    consecutive_skips: int,
+    rollbacks_used: int,
+    has_known_good_state: bool,
+) -> Tuple[str, str]:
+    """Choose the action for an incident of ``kind``.
+
+    * Spikes and other vetoes follow ``settings.spike.action``, every other
+      kind ``settings.policy``.
+    * ``skip`` escalates to ``escalate_to`` when the parameters are already
+      non-finite, or after ``max_consecutive_skips`` consecutive skips.
+    * ``rollback`` becomes ``raise`` when ``max_rollbacks`` are spent or no
+      known-good state exists.
+
+    Args:
+        settings (GuardSettings): The guard's settings.
+        kind (str): The incident kind.
+        consecutive_skips (int): Skips since the last healthy step.
+        rollbacks_used (int): Rollbacks done in this run.
+        has_known_good_state (bool): Whether a snapshot or a good checkpoint
+            exists.
+
+    Returns:
+        tuple[str, str]: The action and the reason, for logs and reports.
+    """
+    policy = settings.policy
+    if kind in VETO_KINDS:
+        policy = settings.spike.action if settings.spike else 'skip'
+    if policy == 'raise':
+        return 'raise', 'policy=raise'
+    if policy == 'rollback':
+        action, reason = 'rollback', 'policy=rollback'
+    elif kind in PARAM_KINDS:
+        action = settings.escalate_to
+        reason = (
+            'the parameters are already non-finite, a skip cannot undo the '
+            f'step: escalate_to={settings.escalate_to}'
+        )
+    elif consecutive_skips >= settings.max_consecutive_skips:
+        action = settings.escalate_to
+        reason = (
+            f'{consecutive_skips} consecutive skips reached '
+            f'max_consecutive_skips={settings.max_consecutive_skips}: '
+            f'escalate_to={settings.escalate_to}'
+        )
+    else:
+        return 'skip', 'policy=skip'
+    if action == 'rollback':
+        if rollbacks_used >= settings.max_rollbacks:
+            return 'raise', (
+                f'{reason}, but max_rollbacks={settings.max_rollbacks} '
+                'rollbacks are spent'
+            )
+        if not has_known_good_state:
+            return 'raise', f'{reason}, but no known-good state exists'
+    return action, reason
