@@ -370,6 +370,9 @@ def format_grid(cells: List[Dict[str, Any]], config: str) -> str:
             text = c['outcome']
             if c.get('detected') and c.get('detect_delta') is not None:
                 text += f" ({c['detect_delta']:+d})"
+            if c.get('cause_ok') is not None:
+                cause = str(c.get('cause')).split(' (')[0]
+                text += f"; cause {cause} {'ok' if c['cause_ok'] else 'WRONG'}"
             row.append(text)
         lines.append(f"| {FAULTS[fault]['label']} | " + ' | '.join(row) + ' |')
     return '\n'.join(lines)

@@ -64,7 +64,11 @@ def cell_text(cell: Dict[str, Any]) -> str:
     if cell.get('cause_ok') is None:
         line3 = ''
     else:
-        cause = str(cell.get('cause') or '').split(' ')[0].rstrip(',')
+        cause = str(cell.get('cause') or '')
+        if 'fp16_overflow' in cause:
+            cause = 'fp16 overflow'
+        else:
+            cause = cause.split(' ')[0].rstrip(',')
         line3 = f"{cause} {'ok' if cell['cause_ok'] else 'WRONG'}"
     return '\n'.join(x for x in (line1, line2, line3) if x)
 

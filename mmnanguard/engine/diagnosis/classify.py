@@ -11,8 +11,9 @@ Causes, in the order they are tested:
   where the original step was not: nondeterminism or hardware;
 * ``explosion``: the gradient norm grew by ``explosion_ratio`` or more
   (default: two orders of magnitude) over the buffered iterations before
-  it became non-finite, or the replayed gradients are finite element by
-  element while their norm overflows float32;
+  it became non-finite, or the learning rate rose by that factor (one
+  update threw the weights out of range), or the replayed gradients are
+  finite element by element while their norm overflows float32;
 * ``forward``: the first non-finite activation, at a module;
 * ``loss``: every activation finite, a loss term non-finite;
 * ``backward``: the loss finite, a gradient non-finite;
@@ -23,7 +24,7 @@ Causes, in the order they are tested:
 from typing import Any, Dict, List, Optional
 
 from .batch_checks import describe_finding
-from .explosion import grad_norm_growth
+from .explosion import grad_norm_growth, lr_jump
 from .replay import ReplayResult
 from .tree import describe_values
 
@@ -140,6 +141,7 @@ def classify(
         ``fp32_replay``, ``grad_norm_growth``, ``optimizer_state``).
     """
     growth = grad_norm_growth(report.get('history', []), report['iteration'])
+    jump = lr_jump(report.get('history', []), report['iteration'])
     fp16_overflow = bool(
         fp32 is not None and not replay.finite and fp32.finite
     )
@@ -148,6 +150,7 @@ def classify(
         replay=replay.to_dict(),
         fp32_replay=fp32.to_dict() if fp32 is not None else None,
         grad_norm_growth=growth,
+        lr_jump=jump,
         optimizer_state=optimizer_nonfinite or [],
     )
     replays_finite = replay.finite and (fp32 is None or fp32.finite)
@@ -187,6 +190,14 @@ def classify(
             f"(iteration {growth['to_iter']}), before it became "
             f"non-finite; lr {_fmt(growth['lr_from'])} -> "
             f"{_fmt(growth['lr_to'])}"
+        )
+    elif jump and jump['ratio'] >= explosion_ratio:
+        cause = 'explosion'
+        summary = (
+            f"the learning rate jumped {jump['ratio']:.3g}x, from "
+            f"{_fmt(jump['from_lr'])} (iteration {jump['from_iter']}) to "
+            f"{_fmt(jump['to_lr'])} (iteration {jump['to_iter']}): one "
+            'finite update threw the weights out of range'
         )
     elif norm_overflow(replay):
         cause = 'explosion'

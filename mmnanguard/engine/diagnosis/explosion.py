@@ -55,3 +55,41 @@ def grad_norm_growth(
         lr_from=lrs[0] if lrs else None,
         lr_to=lrs[-1] if lrs else None,
     )
+
+
+def lr_jump(
+    history: List[Dict[str, Any]], iteration: int
+) -> Optional[Dict[str, Any]]:
+    """How much the learning rate rose over the buffered iterations.
+
+    An lr that jumps by orders of magnitude makes one finite update throw
+    the weights out of range: the *update* explodes while the gradient norm
+    still looks normal.
+
+    Args:
+        history (list[dict]): The report's ``history``.
+        iteration (int): The incident's iteration; later entries are
+            ignored.
+
+    Returns:
+        dict | None: ``ratio`` (newest lr over the smallest lr before it),
+        ``from_lr``, ``from_iter``, ``to_lr``, ``to_iter``; None with fewer
+        than 2 finite positive lrs.
+    """
+    points = [
+        (h['iteration'], _number(h.get('lr')))
+        for h in history
+        if h['iteration'] <= iteration
+    ]
+    finite = [(it, lr) for it, lr in points if lr is not None and lr > 0]
+    if len(finite) < 2:
+        return None
+    to_iter, to_lr = finite[-1]
+    from_iter, from_lr = min(finite[:-1], key=lambda p: p[1])
+    return dict(
+        ratio=to_lr / from_lr,
+        from_lr=from_lr,
+        from_iter=from_iter,
+        to_lr=to_lr,
+        to_iter=to_iter,
+    )

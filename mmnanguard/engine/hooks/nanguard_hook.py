@@ -26,7 +26,7 @@ from ..guard.exceptions import TrainingSpikeError
 from ..guard.finite import nonfinite_paths, optimizer_params, total_norm
 from ..guard.loss_terms import capture_loss_terms
 from ..guard.lr_backoff import LrBackoff, non_chaining_schedulers
-from ..guard.policy import VETO_KINDS, decide_action
+from ..guard.policy import PARAM_KINDS, VETO_KINDS, decide_action
 from ..guard.report import build_report, describe, loss_terms_of
 from ..guard.rng import capture_rng_state
 from ..guard.snapshot import unwrap_model, write_runner_state
@@ -159,8 +159,9 @@ class NanGuardHook(Hook):
         self.recorder.written = len(
             glob.glob(osp.join(self.recorder.root, 'incident_*'))
         )
-        if self._uses_snapshots():
-            self._take_snapshot(runner, iteration=runner.iter)
+        # snapshots serve rollback, raise (the weights left in memory after
+        # a step that made them non-finite) and the diagnosis replay
+        self._take_snapshot(runner, iteration=runner.iter)
         runner.logger.info(f'NanGuard active: {self.settings.to_dict()}')
 
     def before_train_iter(
@@ -231,10 +232,7 @@ class NanGuardHook(Hook):
             )
         elif record.steps:
             self.consecutive_skips = 0
-            if (
-                self._uses_snapshots()
-                and (runner.iter + 1) % self.settings.snapshot_interval == 0
-            ):
+            if (runner.iter + 1) % self.settings.snapshot_interval == 0:
                 self._take_snapshot(runner, iteration=runner.iter + 1)
         if self.lr_backoff.step(runner.optim_wrapper, runner.iter) == 1.0:
             runner.logger.info(
@@ -295,13 +293,6 @@ class NanGuardHook(Hook):
         runner.logger.info(f'NanGuard summary: {self.counters}')
 
     # -- decisions --------------------------------------------------------
-    def _uses_snapshots(self) -> bool:
-        s = self.settings
-        spike_policy = s.spike.action if s.spike else None
-        return 'rollback' in (s.policy, spike_policy) or (
-            'skip' in (s.policy, spike_policy) and s.escalate_to == 'rollback'
-        )
-
     def _install_spike_detector(self, runner) -> None:
         detector = self.spike_detector
         self.step_guard.loss_vetoes.append(detector.loss_veto)
@@ -394,6 +385,14 @@ class NanGuardHook(Hook):
         runner.logger.error(f'NanGuard: {message}')
         if action == 'raise':
             self._publish(runner)
+            if kind in PARAM_KINDS and self.snapshots.newest is not None:
+                # the step already made the weights non-finite: leave the
+                # last known-good ones in memory before stopping
+                self.snapshots.newest.restore(runner)
+                message += (
+                    '; the weights in memory were restored to iteration '
+                    f'{self.snapshots.newest.iteration}'
+                )
             raise error_cls(f'NanGuard stopped training: {message}')
         if action == 'rollback':
             self._rollback(runner)
