@@ -1,9 +1,10 @@
 # Copyright (c) mmnanguard contributors. All rights reserved.
 """Validated settings of the guard, shared by its hook and runner."""
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from typing import Any, Dict, Optional, Union
 
+from .config_checks import refuse_unknown_keys
 from .spike_settings import SpikeSettings
 
 POLICIES = ('raise', 'skip', 'rollback')
@@ -120,13 +121,7 @@ class GuardSettings:
     @classmethod
     def from_dict(cls, cfg: Dict[str, Any]) -> 'GuardSettings':
         """Build from a config dict, refusing unknown keys by name."""
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(cfg) - known)
-        if unknown:
-            raise ValueError(
-                f'nanguard: unknown setting(s) {unknown}; allowed settings '
-                f'are {sorted(known)}'
-            )
+        refuse_unknown_keys(cls, cfg, 'setting')
         return cls(**cfg)
 
     def to_dict(self) -> Dict[str, Any]:

@@ -2,8 +2,10 @@
 """Validated settings of the loss-spike detector (``spike=dict(...)``)."""
 
 import math
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from typing import Any, Dict, Optional, Sequence
+
+from .config_checks import refuse_unknown_keys
 
 SPIKE_ACTIONS = ('log', 'skip', 'rollback')
 
@@ -125,13 +127,7 @@ class SpikeSettings:
                 f'nanguard: spike={cfg!r} is invalid; expected '
                 "None or a dict, e.g. dict(action='skip')"
             )
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(cfg) - known)
-        if unknown:
-            raise ValueError(
-                f'nanguard: unknown spike setting(s) {unknown}; allowed '
-                f'spike settings are {sorted(known)}'
-            )
+        refuse_unknown_keys(cls, cfg, 'spike setting')
         return cls(**cfg)
 
     def to_dict(self) -> Dict[str, Any]:
