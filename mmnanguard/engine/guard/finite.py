@@ -48,13 +48,6 @@ def grads_of(optimizer: torch.optim.Optimizer) -> List[Tensor]:
     return [p.grad for p in optimizer_params(optimizer) if p.grad is not None]
 
 
-def is_finite_number(value: Any) -> bool:
-    """``math.isfinite`` for floats, 0-dim tensors and ``None`` (False)."""
-    if value is None:
-        return False
-    return math.isfinite(float(value))
-
-
 def nonfinite_paths(tree: Any, prefix: str = '') -> List[str]:
     """Paths of the floating tensors in ``tree`` that hold non-finite values.
 

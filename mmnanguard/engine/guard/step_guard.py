@@ -37,11 +37,6 @@ class IterationRecord:
     #: Which check vetoed: ``'loss'`` or ``'grad'``.
     veto_stage: Optional[str] = None
 
-    @property
-    def nonfinite(self) -> bool:
-        """Whether the loss or the gradients were non-finite."""
-        return self.loss_nonfinite or self.grad_nonfinite
-
 
 #: A veto inspects the record (and the loss or grad norm) and returns the
 #: reason to drop the update, or None.

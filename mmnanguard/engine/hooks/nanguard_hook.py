@@ -186,6 +186,7 @@ class NanGuardHook(Hook):
         record = self.step_guard.record
         terms = loss_terms_of(outputs)
         kind = None
+        params_checked = False
         if record.loss_nonfinite:
             kind = 'nonfinite_loss'
         elif record.grad_nonfinite:
@@ -196,10 +197,10 @@ class NanGuardHook(Hook):
                 if self.spike_detector is None
                 else SPIKE_KINDS[record.veto_stage]
             )
-        elif self._param_check_due(runner, record) and not self._params_finite(
-            runner
-        ):
-            kind = 'nonfinite_params'
+        elif self._param_check_due(runner, record):
+            params_checked = True
+            if not self._params_finite(runner):
+                kind = 'nonfinite_params'
         self.counters['skipped'] += record.skipped_steps
         self.counters['amp_skipped'] += record.amp_skipped_steps
         self.history.append(
@@ -233,7 +234,9 @@ class NanGuardHook(Hook):
         elif record.steps:
             self.consecutive_skips = 0
             if (runner.iter + 1) % self.settings.snapshot_interval == 0:
-                self._take_snapshot(runner, iteration=runner.iter + 1)
+                self._take_snapshot(
+                    runner, runner.iter + 1, params_checked=params_checked
+                )
         if self.lr_backoff.step(runner.optim_wrapper, runner.iter) == 1.0:
             runner.logger.info(
                 f'NanGuard: learning rates back on the schedule after '
@@ -416,9 +419,13 @@ class NanGuardHook(Hook):
             return self.last_good_checkpoint
         return 'memory' if self.snapshots else None
 
-    def _take_snapshot(self, runner, iteration: int) -> None:
-        """Snapshot the state in which iteration ``iteration`` starts."""
-        if not self._params_finite(runner):
+    def _take_snapshot(
+        self, runner, iteration: int, params_checked: bool = False
+    ) -> None:
+        """Snapshot the state in which iteration ``iteration`` starts
+        (``params_checked``: this iteration's parameter check passed, so no
+        second pass over the parameters is needed)."""
+        if not params_checked and not self._params_finite(runner):
             runner.logger.warning(
                 'NanGuard: parameters are non-finite, no snapshot taken'
             )
