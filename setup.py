@@ -1,9 +1,11 @@
 # Copyright (c) mmnanguard contributors. All rights reserved.
 """Install mmnanguard.
 
-The configs under ``configs/`` are shipped as package data under
-``mmnanguard/.mim/configs``, the way OpenMMLab packages ship them, so that
-``mmnanguard::_base_/nanguard.py`` resolves from any installed copy.
+The configs under ``configs/`` and the scripts under ``tools/`` are shipped
+as package data under ``mmnanguard/.mim/``, the way OpenMMLab packages ship
+them, so that ``mmnanguard::_base_/nanguard.py`` resolves from any installed
+copy; the scripts are the console entry points of :mod:`mmnanguard.cli`
+(``mmnanguard-train``, ...).
 """
 
 import os
@@ -15,12 +17,18 @@ from setuptools import find_packages, setup
 HERE = osp.dirname(osp.abspath(__file__))
 
 
+def read_module(name: str) -> dict:
+    """The globals of ``mmnanguard/NAME.py``, a module that imports only
+    the standard library (the package itself is not importable here)."""
+    scope: dict = {}
+    with open(osp.join(HERE, 'mmnanguard', f'{name}.py')) as f:
+        exec(compile(f.read(), f'{name}.py', 'exec'), scope)
+    return scope
+
+
 def get_version() -> str:
     """Read ``__version__`` from ``mmnanguard/version.py``."""
-    scope: dict = {}
-    with open(osp.join(HERE, 'mmnanguard', 'version.py')) as f:
-        exec(compile(f.read(), 'version.py', 'exec'), scope)
-    return scope['__version__']
+    return read_module('version')['__version__']
 
 
 def add_mim_extension() -> None:
@@ -74,6 +82,9 @@ if __name__ == '__main__':
         extras_require={
             'rotate': ['mmrotate==1.0.0rc1'],
             'seg': ['mmsegmentation>=1.2.0', 'ftfy', 'regex'],
+        },
+        entry_points={
+            'console_scripts': read_module('cli')['CONSOLE_SCRIPTS']
         },
         zip_safe=False,
     )

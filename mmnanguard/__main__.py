@@ -24,12 +24,29 @@ import mmnanguard  # noqa: F401  (mends and registrations)
 USAGE = 'usage: python -m mmnanguard SCRIPT [ARGS...]'
 
 
+def run_script(script: str, args: List[str]) -> None:
+    """Run ``script`` as ``__main__`` as ``python SCRIPT ARGS`` would
+    (``sys.argv`` is ``[SCRIPT] + ARGS``, ``sys.path[0]`` its folder).
+
+    Args:
+        script (str): Path of a Python file.
+        args (list[str]): Its arguments (``sys.argv[1:]``).
+    """
+    sys.argv = [script] + list(args)
+    sys.path[0] = osp.dirname(osp.abspath(script))
+    runpy.run_path(script, run_name='__main__')
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     """Run ``argv[0]`` as ``__main__`` with ``argv`` as its ``sys.argv``.
 
+    Args:
+        argv (list[str], optional): ``SCRIPT [ARGS...]``. Defaults to
+            ``sys.argv[1:]``.
+
     Returns:
         int: 0 when the script returns normally (a script that calls
-        ``sys.exit`` exits with its own status).
+        ``sys.exit`` exits with its own status), 2 for a missing script.
     """
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] in ('-h', '--help'):
@@ -43,9 +60,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             file=sys.stderr,
         )
         return 2
-    sys.argv = list(argv)
-    sys.path[0] = osp.dirname(osp.abspath(script))
-    runpy.run_path(script, run_name='__main__')
+    run_script(script, argv[1:])
     return 0
 
 

@@ -92,7 +92,7 @@ def train(work_dir: str, data_root: str) -> int:
 
 def summary(work_dir: str, planted: dict) -> bool:
     """Print detections, actions, reports and the final weights check."""
-    import torch
+    from mmengine.runner.checkpoint import CheckpointLoader
 
     import mmnanguard  # noqa: F401  (checkpoint allowlist mend)
     from mmnanguard.testing import tensors_all_finite
@@ -132,7 +132,7 @@ def summary(work_dir: str, planted: dict) -> bool:
     ckpt_path = open(last).read().strip() if osp.isfile(last) else None
     finite = False
     if ckpt_path and osp.isfile(ckpt_path):
-        ckpt = torch.load(ckpt_path, map_location='cpu')
+        ckpt = CheckpointLoader.load_checkpoint(ckpt_path, map_location='cpu')
         finite = tensors_all_finite(ckpt['state_dict'])
         counters = ckpt.get('nanguard', {}).get('counters')
         say(

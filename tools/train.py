@@ -12,7 +12,8 @@ plus:
   1 if any is non-finite. The check to run before a long job.
 
 Exit status: 0 done; 1 smoke test found a non-finite value; 2 wrong flag,
-config or setting (nothing trained); 3 training stopped by the guard or by
+config or setting, or a runner, dataset or optimizer that cannot be built
+from the config (nothing trained; one paragraph on stderr); 3 training stopped by the guard or by
 an annotation check (one paragraph on stderr, the report path in it).
 
 ``--launcher pytorch`` works on a CPU-only torch too (gloo), e.g.
@@ -30,6 +31,7 @@ from typing import List, Optional
 
 EXIT_SMOKE_FAILED, EXIT_USAGE, EXIT_STOPPED = 1, 2, 3
 GUARD_CHOICES = ('raise', 'skip', 'rollback', 'off')
+TRACEBACK_ENV = 'MMNANGUARD_TRACEBACK'
 
 
 def positive_int(text: str) -> int:
@@ -45,10 +47,30 @@ def positive_int(text: str) -> int:
     return value
 
 
-def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
-    """Parse the command line (``--guard`` values checked here)."""
+def checked_dict_action():
+    """mmengine's ``DictAction``, refusing a value it cannot parse with a
+    usage error (exit 2) instead of its ``AssertionError`` or unbounded
+    recursion (``"a=[dict(x=1,y=2)]"``)."""
     from mmengine.config import DictAction
 
+    class CheckedDictAction(DictAction):
+        def __call__(self, parser, namespace, values, option_string=None):
+            for value in values:
+                try:
+                    super().__call__(parser, namespace, [value])
+                except (AssertionError, RecursionError, ValueError):
+                    parser.error(
+                        f'argument {option_string}: cannot parse {value!r}; '
+                        'expected KEY=VALUE with VALUE a number, a string, '
+                        'or a list or tuple of them, such as a.b=1 '
+                        "c='[1,2]' d='(3,4)'"
+                    )
+
+    return CheckedDictAction
+
+
+def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
+    """Parse the command line (``--guard`` values checked here)."""
     parser = argparse.ArgumentParser(
         description='Train a detector or segmentor with mmnanguard'
     )
@@ -75,7 +97,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     parser.add_argument(
         '--cfg-options',
         nargs='+',
-        action=DictAction,
+        action=checked_dict_action(),
         help='override settings of the config, key=value pairs',
     )
     parser.add_argument(
@@ -109,6 +131,35 @@ def fail(message: str, code: int) -> int:
     """Print ``message`` as one paragraph on stderr; return ``code``."""
     print(f'tools/train.py: {message}', file=sys.stderr, flush=True)
     return code
+
+
+def one_line(err: BaseException) -> str:
+    """``err``'s message on one line, ending with a full stop."""
+    text = ' '.join(str(err).split()) or repr(err)
+    return text if text.endswith('.') else f'{text}.'
+
+
+def refuse(what: str, err: Exception) -> int:
+    """Report an error met before training as one paragraph (exit 2);
+    with ``MMNANGUARD_TRACEBACK=1`` in the environment, re-raise it.
+
+    Args:
+        what (str): What failed, naming the config file.
+        err (Exception): The error.
+
+    Returns:
+        int: ``EXIT_USAGE``.
+
+    Raises:
+        Exception: ``err``, when ``MMNANGUARD_TRACEBACK`` is set.
+    """
+    if os.environ.get(TRACEBACK_ENV):
+        raise err
+    return fail(
+        f'{what}: {type(err).__name__}: {one_line(err)} Nothing was '
+        f'trained (set {TRACEBACK_ENV}=1 for the traceback).',
+        EXIT_USAGE,
+    )
 
 
 def build_config(args: argparse.Namespace):
@@ -164,23 +215,17 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     try:
         cfg, notes = build_config(args)
-    except (
-        ValueError,
-        TypeError,
-        KeyError,
-        FileNotFoundError,
-        SyntaxError,
-    ) as err:
-        return fail(
-            f'invalid configuration {args.config!r}: '
-            f'{type(err).__name__}: {err}',
-            EXIT_USAGE,
-        )
+    except Exception as err:  # any config error: one paragraph, exit 2
+        return refuse(f'invalid configuration {args.config!r}', err)
     prepare_cpu_distributed(cfg, args.launcher)
-    if 'runner_type' in cfg:
-        runner = RUNNERS.build(cfg)
-    else:
-        runner = Runner.from_cfg(cfg)
+    try:
+        if 'runner_type' in cfg:
+            runner = RUNNERS.build(cfg)
+        else:
+            runner = Runner.from_cfg(cfg)
+        opts.build_for_training(runner)
+    except Exception as err:  # any build error: one paragraph, exit 2
+        return refuse(f'cannot build the runner from {args.config!r}', err)
     print_log(f'tools/train.py: {"; ".join(notes)}', logger='current')
     try:
         runner.train()

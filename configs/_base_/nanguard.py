@@ -26,11 +26,15 @@ nanguard = dict(
         dict(type='AmpScaleMonitorHook', when='amp'),  # loss-scale collapse
         dict(type='NanDiagnosisHook'),  # replay + cause of the 1st incident
     ],
-    # CheckedCrossEntropyLoss for every CrossEntropyLoss: a label outside
-    # [0, num_classes) (e.g. Cityscapes 255) raises an error naming it
+    # every built CrossEntropyLoss that takes class labels is wrapped by
+    # CheckedCrossEntropyLoss (mask losses and binary targets are left
+    # alone): a label outside [0, num_classes) (e.g. Cityscapes 255) raises
+    # an error naming it
     check_labels=True,
-    # ValidateAnnotations before Pack*Inputs; num_classes, angle_version and
-    # ignore_index are read off the model. 'warn' names a bad file and keeps
+    # ValidateAnnotations before Pack*Inputs (also in a PipelineSwitchHook's
+    # pipeline); num_classes, angle_version and ignore_index are read off
+    # the built model (where they cannot be, the check is off, with one
+    # warning giving the line to set them). 'warn' names a bad file and keeps
     # the sample (the guard handles what follows); 'filter' drops the bad
     # instances; None turns the check off.
     validate_annotations=dict(policy='warn'),

@@ -8,26 +8,45 @@ checkpoints hold the message hub's :class:`HistoryBuffer` and numpy arrays
 and scalars. ``Runner.resume`` then fails with ``UnpicklingError: Weights
 only load failed``.
 
-The mend keeps ``weights_only=True`` and adds *exactly* the globals that
-mmengine checkpoints contain (:data:`MMENGINE_CHECKPOINT_GLOBALS`) to torch's
-allowlist. A checkpoint holding anything else is still refused; mmengine's
-local-file loader is re-registered so that the refusal names the file and
-the offending globals (:class:`UntrustedCheckpointError`) instead of a bare
-``UnpicklingError``. It can go once mmengine loads with an allowlist itself.
+The mend re-registers mmengine's local-file checkpoint loader (the one
+behind ``CheckpointLoader.load_checkpoint``, ``load_checkpoint``,
+``Runner.resume`` and ``Runner.load_checkpoint``) with
+:func:`load_from_local`: ``weights_only=True``, and *exactly* the globals
+that mmengine checkpoints contain (:func:`mmengine_checkpoint_globals`)
+allowlisted for the duration of that one load. The remote schemes
+(``http://``, ``open-mmlab://``, ...) registered at that moment get the
+same scope around their own download-and-load (:func:`scoped_loader`).
+torch's process-wide allowlist is left as it is: a plain
+:func:`torch.load` elsewhere refuses what torch alone refuses. A
+checkpoint holding anything else raises :class:`UntrustedCheckpointError`,
+naming the file and the offending globals, or the refused call when there
+is no foreign global. It can go once mmengine loads with an allowlist
+itself.
 """
 
+import functools
 import os.path as osp
 import pickle
-from typing import Callable, List
+from typing import Any, Callable, List
 
 import numpy as np
 import torch
-from mmengine.logging.history_buffer import HistoryBuffer
 from mmengine.runner.checkpoint import CheckpointLoader
 from mmengine.utils import digit_version
 
+from . import checked_history_buffer
+from .restricted_getattr import RestrictedGetattr
+from .safe_load import (
+    UntrustedFileError,
+    globals_outside,
+    refusal_message,
+    scoped_safe_globals,
+    unpickler_reason,
+    weights_only_load,
+)
 
-class UntrustedCheckpointError(pickle.UnpicklingError):
+
+class UntrustedCheckpointError(UntrustedFileError):
     """A checkpoint holds objects outside the allowlist of safe globals."""
 
 
@@ -39,43 +58,83 @@ def _numpy_core():
     return core
 
 
-def mmengine_checkpoint_globals() -> List[Callable]:
-    """The globals that an mmengine checkpoint contains, and no others.
+def numpy_dtype_classes() -> List[type]:
+    """The dtype classes of booleans and numbers (``Float64DType``, ...).
 
-    Read off real checkpoints of this stack with
-    ``torch.serialization.get_unsafe_globals_in_checkpoint``.
+    The unpickler restores a dtype with ``BUILD``, which torch allows only
+    on instances of allowlisted types; ``type(np.dtype('f8'))`` is
+    ``numpy.dtypes.Float64DType`` on numpy >= 1.25 (``np.dtype`` itself
+    before). Object, string, bytes, void and datetime dtypes are left out:
+    no checkpoint or batch of this stack holds them.
+    """
+    dtypes = getattr(np, 'dtypes', None)
+    if dtypes is None:
+        return []
+    found: List[type] = []
+    for name in sorted(dir(dtypes)):
+        cls = getattr(dtypes, name)
+        if (
+            isinstance(cls, type)
+            and issubclass(cls, np.dtype)
+            and isinstance(getattr(cls, 'type', None), type)
+            and issubclass(cls.type, (np.bool_, np.number))
+            and cls not in found
+        ):
+            found.append(cls)
+    return found
+
+
+def numpy_globals() -> List[Callable]:
+    """What numpy arrays, dtypes and scalars pickle to, and nothing else.
+
+    ``bytes`` is the data of an empty array (protocol 2 pickles ``b''`` as
+    ``bytes()``).
     """
     multiarray = _numpy_core().multiarray
-    found = [
-        HistoryBuffer,
+    return [
         np.ndarray,
         np.dtype,
         multiarray._reconstruct,
         multiarray.scalar,
-        # numpy >= 1.25 pickles a dtype as ``numpy.dtypes.Float64DType`` ...
-        # reached through ``getattr``; the unpickler still refuses to *call*
-        # anything the getattr returns unless it is allowlisted too.
-        getattr,
-    ]
-    dtypes = getattr(np, 'dtypes', None)
-    if dtypes is not None:
-        found += [
-            getattr(dtypes, name)
-            for name in dir(dtypes)
-            if name.endswith('DType')
-        ]
-    return found
+        bytes,
+    ] + numpy_dtype_classes()
+
+
+def mmengine_checkpoint_globals() -> List[Any]:
+    """The allowlist of an mmengine checkpoint, and nothing beyond it.
+
+    Read off real checkpoints of this stack (every supported config
+    family, see the tests) with
+    ``torch.serialization.get_unsafe_globals_in_checkpoint``:
+
+    * ``HistoryBuffer`` (the message hub's logged scalars), as the checked
+      stand-in :class:`~.checked_history_buffer.CheckedHistoryBuffer`;
+    * ``builtins.getattr``, as a :class:`RestrictedGetattr` that resolves
+      only the buffer's four statistics methods (pickled as
+      ``getattr(HistoryBuffer, 'mean')``);
+    * what numpy arrays, dtypes and scalars pickle to (the histories, the
+      message hub's runtime information such as the seed).
+
+    Returns:
+        list: Entries for ``torch.serialization.safe_globals``.
+    """
+    lookup = RestrictedGetattr(checked_history_buffer.getattr_pairs())
+    return (
+        checked_history_buffer.safe_global_entries()
+        + [(lookup, 'builtins.getattr')]
+        + numpy_globals()
+    )
 
 
 def is_needed() -> bool:
     """Whether torch defaults to ``weights_only=True`` (torch >= 2.6)."""
     return digit_version(torch.__version__) >= digit_version(
         '2.6.0'
-    ) and hasattr(torch.serialization, 'add_safe_globals')
+    ) and hasattr(torch.serialization, 'safe_globals')
 
 
-def load_from_local(filename: str, map_location=None) -> dict:
-    """mmengine's local checkpoint loader, with a clear refusal.
+def load_from_local(filename: str, map_location: Any = None) -> dict:
+    """mmengine's local checkpoint loader, with the scoped allowlist.
 
     Args:
         filename (str): Local checkpoint path.
@@ -85,48 +144,96 @@ def load_from_local(filename: str, map_location=None) -> dict:
         dict: The loaded checkpoint.
 
     Raises:
-        UntrustedCheckpointError: The file holds globals outside the
-            allowlist. The message names the file and those globals.
+        FileNotFoundError: There is no such file.
+        UntrustedCheckpointError: The file holds globals or calls outside
+            the allowlist. The message names the file and what was
+            refused; nothing from the file was run.
     """
     filename = osp.expanduser(filename)
     if not osp.isfile(filename):
         raise FileNotFoundError(f'{filename} can not be found.')
-    try:
-        return torch.load(filename, map_location=map_location)
-    except pickle.UnpicklingError as err:
-        raise UntrustedCheckpointError(
-            f'Refusing to load checkpoint {filename!r}: it contains objects '
-            f'outside the allowlist of safe globals '
-            f'({unsafe_globals(filename)}). mmnanguard allows only what '
-            'mmengine checkpoints hold. If you trust this file, load it '
-            'yourself with torch.load(..., weights_only=False) and save '
-            'its tensors again.'
-        ) from err
+    return weights_only_load(
+        filename,
+        mmengine_checkpoint_globals(),
+        what='checkpoint',
+        error=UntrustedCheckpointError,
+        map_location=map_location,
+    )
+
+
+def scoped_loader(loader: Callable) -> Callable:
+    """One of mmengine's scheme loaders, with the allowlist in scope.
+
+    Args:
+        loader (Callable): ``loader(filename, map_location)``, e.g.
+            mmengine's ``load_from_http``.
+
+    Returns:
+        Callable: The same call (and ``__name__``, which mmengine logs);
+        a refusal raises :class:`UntrustedCheckpointError` naming
+        ``filename`` and the unpickler's reason.
+    """
+    if getattr(loader, 'nanguard_scoped', False):
+        return loader
+
+    @functools.wraps(loader)
+    def load(filename: str, map_location: Any = None) -> Any:
+        with scoped_safe_globals(mmengine_checkpoint_globals()):
+            try:
+                return loader(filename, map_location)
+            except pickle.UnpicklingError as err:
+                reason = (
+                    'the unpickler refused a global, a call or an '
+                    f'operation: {unpickler_reason(str(err))}'
+                )
+                raise UntrustedCheckpointError(
+                    refusal_message('checkpoint', filename, reason)
+                ) from err
+
+    load.nanguard_scoped = True
+    return load
 
 
 def unsafe_globals(filename: str) -> List[str]:
-    """List the globals in ``filename`` that the allowlist does not cover."""
-    try:
-        found = torch.serialization.get_unsafe_globals_in_checkpoint(filename)
-    except Exception as err:  # a corrupt file: say so instead of the list
-        return [f'<unreadable: {err}>']
-    allowed = {
-        f'{g.__module__}.{g.__qualname__}'
-        for g in mmengine_checkpoint_globals()
-    }
-    return [name for name in found if name not in allowed]
+    """The globals in ``filename`` outside the checkpoint allowlist.
+
+    Args:
+        filename (str): A ``torch.save`` file (zip format).
+
+    Returns:
+        list[str]: Sorted ``module.name`` strings; ``[]`` also for a file
+        the static scan cannot read.
+    """
+    with scoped_safe_globals(mmengine_checkpoint_globals()):
+        return globals_outside(filename)
 
 
 def apply() -> bool:
-    """Allowlist the mmengine checkpoint globals where torch needs it.
+    """Route mmengine's checkpoint loading through the scoped allowlist.
 
     Returns:
         bool: Whether the mend was applied.
     """
     if not is_needed():
         return False
-    torch.serialization.add_safe_globals(mmengine_checkpoint_globals())
+    remote = [(p, f) for p, f in CheckpointLoader._schemes.items() if p]
+    for prefix, loader in remote:
+        CheckpointLoader.register_scheme(
+            prefixes=prefix, loader=scoped_loader(loader), force=True
+        )
     CheckpointLoader.register_scheme(
         prefixes='', loader=load_from_local, force=True
     )
     return True
+
+
+__all__ = [
+    'UntrustedCheckpointError',
+    'apply',
+    'is_needed',
+    'load_from_local',
+    'mmengine_checkpoint_globals',
+    'numpy_globals',
+    'scoped_loader',
+    'unsafe_globals',
+]

@@ -1,5 +1,6 @@
 # Copyright (c) mmnanguard contributors. All rights reserved.
-"""Generate a tiny COCO-format detection dataset with real objects.
+"""Generate a tiny COCO-format detection dataset with real objects, each
+with its box and its polygon (instance masks for Mask R-CNN and the like).
 
 Layout, as mmdet's ``CocoDataset`` reads it::
 
@@ -68,6 +69,8 @@ def generate_coco(
                     image_id=i + 1,
                     category_id=label + 1,
                     bbox=[x, y, w, h],
+                    # the filled rectangle as a polygon: instance masks
+                    segmentation=[[x, y, x + w, y, x + w, y + h, x, y + h]],
                     area=w * h,
                     iscrowd=0,
                 )

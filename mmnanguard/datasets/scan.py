@@ -27,6 +27,8 @@ from mmengine.config import Config
 from mmengine.registry import DATASETS, init_default_scope
 from mmengine.utils import ProgressBar
 
+from mmnanguard.optional import require_packages
+
 from .dota_annfile import ANN_FILE_KEY, ANN_LINES_KEY, load_dota_data_list
 from .transforms.validate_annotations import check_results
 
@@ -80,6 +82,8 @@ def build_scan_dataset(
 
     Raises:
         ValueError: If the config has no dataloader for ``split``.
+        MissingPackageError: If the config's scope names mmrotate or mmseg
+            and it is not importable.
     """
     loader = cfg.get(f'{split}_dataloader')
     if not loader or not loader.get('dataset'):
@@ -87,6 +91,7 @@ def build_scan_dataset(
             f'the config has no {split}_dataloader.dataset '
             f'(it is {loader!r}); choose another --split'
         )
+    require_packages(cfg, getattr(cfg, 'filename', None))
     init_default_scope(cfg.get('default_scope', 'mmengine'))
     ds_cfg = copy.deepcopy(loader['dataset'])
     ds_cfg['lazy_init'] = True

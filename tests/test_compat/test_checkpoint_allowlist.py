@@ -1,6 +1,7 @@
 # Copyright (c) mmnanguard contributors. All rights reserved.
 import collections
 import os
+import pickle
 
 import numpy as np
 import pytest
@@ -9,6 +10,12 @@ from mmengine.logging import HistoryBuffer, MessageHub
 from mmengine.runner.checkpoint import CheckpointLoader
 
 from mmnanguard.compat import checkpoint_allowlist as mend
+from mmnanguard.compat.checked_history_buffer import (
+    CheckedHistoryBuffer,
+    check_state,
+)
+from mmnanguard.compat.restricted_getattr import RestrictedGetattr
+from mmnanguard.compat.safe_load import scoped_safe_globals
 
 
 class _Payload:
@@ -25,6 +32,7 @@ class Stranger:
 def _mmengine_like_checkpoint():
     hub = MessageHub('allowlist_test')
     hub.update_scalar('train/loss', 1.5)
+    hub.update_scalar('train/loss', 0.5)
     hub.update_info('seed', np.int64(7))
     return dict(
         meta=dict(iter=3, epoch=1, seed=7),
@@ -34,11 +42,23 @@ def _mmengine_like_checkpoint():
     )
 
 
+def _added_to_torch_allowlist():
+    """Entries of torch's process-wide allowlist that torch did not add
+    itself (``torch.distributed.tensor`` registers its own classes)."""
+    names = [
+        entry[1] if isinstance(entry, tuple) else entry.__module__
+        for entry in torch.serialization.get_safe_globals()
+    ]
+    return [name for name in names if not name.startswith('torch.')]
+
+
 def test_applied_on_this_stack():
     assert mend.is_needed()
     import mmnanguard.compat as compat
 
     assert compat.APPLIED['checkpoint_allowlist'] is True
+    # nothing was added to torch's process-wide allowlist
+    assert _added_to_torch_allowlist() == []
 
 
 def test_mmengine_checkpoint_loads_with_weights_only(tmp_path):
@@ -47,9 +67,48 @@ def test_mmengine_checkpoint_loads_with_weights_only(tmp_path):
     assert mend.unsafe_globals(path) == []
     ckpt = CheckpointLoader.load_checkpoint(path, map_location='cpu')
     buffer = ckpt['message_hub']['log_scalars']['train/loss']
-    assert isinstance(buffer, HistoryBuffer)
-    assert buffer.current() == pytest.approx(1.5)
+    assert type(buffer) is HistoryBuffer  # mmengine's class, not a stand-in
+    assert buffer.current() == pytest.approx(0.5)
+    assert buffer.mean() == pytest.approx(1.0)  # (1.5 + 0.5) / 2
+    seed = ckpt['message_hub']['runtime_info']['seed']
+    assert type(seed) is np.int64 and seed == 7
     assert torch.equal(ckpt['state_dict']['w'], torch.ones(2))
+    assert _added_to_torch_allowlist() == []
+    # saved again, it references mmengine's class, never mmnanguard's
+    again = str(tmp_path / 'again.pth')
+    torch.save(ckpt, again)
+    found = torch.serialization.get_unsafe_globals_in_checkpoint(again)
+    assert 'mmengine.logging.history_buffer.HistoryBuffer' in found
+    assert not [name for name in found if 'mmnanguard' in name]
+
+
+@pytest.mark.parametrize(
+    'dtype', ['float64', 'float32', 'float16', 'int64', 'uint8', 'bool']
+)
+def test_numpy_arrays_and_scalars_round_trip(tmp_path, dtype):
+    values = np.array([[0, 1, 2], [3, 4, 5]]).astype(dtype)
+    path = str(tmp_path / 'arrays.pth')
+    torch.save(dict(array=values, scalar=values[1, 2]), path)
+    loaded = mend.load_from_local(path)
+    assert loaded['array'].dtype == np.dtype(dtype)
+    np.testing.assert_array_equal(loaded['array'], values)
+    assert loaded['scalar'] == values[1, 2]
+
+
+def test_empty_history_buffer_loads(tmp_path):
+    """An empty array's data pickles as ``bytes()``."""
+    path = str(tmp_path / 'empty.pth')
+    torch.save(dict(hub=HistoryBuffer()), path)
+    loaded = mend.load_from_local(path)['hub']
+    assert type(loaded) is HistoryBuffer
+    assert loaded.data[0].shape == (0,) and loaded.data[1].shape == (0,)
+
+
+def test_object_arrays_are_refused(tmp_path):
+    path = str(tmp_path / 'objects.pth')
+    torch.save(dict(array=np.array([1, 'a'], dtype=object)), path)
+    with pytest.raises(mend.UntrustedCheckpointError, match='ObjectDType'):
+        mend.load_from_local(path)
 
 
 @pytest.mark.parametrize(
@@ -68,9 +127,105 @@ def test_foreign_object_is_refused(tmp_path, payload, name):
         CheckpointLoader.load_checkpoint(path, map_location='cpu')
     message = str(err.value)
     assert path in message and name in message
+    assert 'globals outside the allowlist' in message
     # weights_only is still the default: plain torch.load refuses as well
     with pytest.raises(Exception, match='Weights only load failed'):
         torch.load(path)
+
+
+def test_remote_scheme_loads_in_scope(tmp_path, monkeypatch):
+    """``https://`` goes through mmengine's ``load_from_http``, whose
+    download ends in ``torch.load(cached_file)`` (faked here: no network)."""
+    import mmengine.runner.checkpoint as mmengine_checkpoint
+
+    good, evil = str(tmp_path / 'good.pth'), str(tmp_path / 'evil.pth')
+    torch.save(_mmengine_like_checkpoint(), good)
+    torch.save(dict(meta=Stranger()), evil)
+    cache = {'https://zoo/good.pth': good, 'https://zoo/evil.pth': evil}
+
+    def load_url(url, model_dir=None, map_location=None, progress=False):
+        return torch.load(cache[url], map_location=map_location)
+
+    monkeypatch.setattr(mmengine_checkpoint, 'load_url', load_url)
+    ckpt = CheckpointLoader.load_checkpoint('https://zoo/good.pth')
+    buffer = ckpt['message_hub']['log_scalars']['train/loss']
+    assert type(buffer) is HistoryBuffer and buffer.current() == 0.5
+    with pytest.raises(mend.UntrustedCheckpointError) as err:
+        CheckpointLoader.load_checkpoint('https://zoo/evil.pth')
+    assert 'https://zoo/evil.pth' in str(err.value)
+    assert 'Stranger' in str(err.value)
+    assert _added_to_torch_allowlist() == []
+
+
+def test_missing_file_is_named(tmp_path):
+    path = str(tmp_path / 'none.pth')
+    with pytest.raises(FileNotFoundError, match='none.pth'):
+        mend.load_from_local(path)
+
+
+def test_restricted_getattr_resolves_only_its_pairs():
+    lookup = RestrictedGetattr([(HistoryBuffer, 'mean')])
+    assert lookup(HistoryBuffer, 'mean') is HistoryBuffer.mean
+    with pytest.raises(pickle.UnpicklingError, match='_statistics_methods'):
+        lookup(HistoryBuffer, '_statistics_methods')
+    with pytest.raises(pickle.UnpicklingError, match='__globals__'):
+        lookup(HistoryBuffer.mean, '__globals__')
+    with pytest.raises(pickle.UnpicklingError, match=r'\.\.\.'):
+        lookup(HistoryBuffer, 'mean', None)  # no default either
+
+
+def _state(**changes):
+    state = dict(
+        max_length=5,
+        _log_history=np.array([1.0]),
+        _count_history=np.array([1]),
+        statistics_methods=dict(mean=HistoryBuffer.mean),
+    )
+    state.update(changes)
+    return state
+
+
+@pytest.mark.parametrize(
+    'changes, named',
+    [
+        (dict(_statistics_methods={}), "['_statistics_methods']"),
+        (dict(statistics_methods=dict(mean=HistoryBuffer.max)), "'mean'"),
+        (dict(statistics_methods=dict(median=HistoryBuffer.mean)), 'median'),
+        (dict(statistics_methods=[]), 'statistics_methods'),
+        (dict(_log_history=[1.0]), '_log_history'),
+        (dict(max_length='5'), 'max_length'),
+        (dict(max_length=True), 'max_length'),
+    ],
+)
+def test_history_buffer_state_is_checked(changes, named):
+    with pytest.raises(pickle.UnpicklingError) as err:
+        check_state(_state(**changes))
+    assert named in str(err.value)
+
+
+def test_checked_history_buffer_becomes_a_plain_one():
+    buffer = CheckedHistoryBuffer.__new__(CheckedHistoryBuffer)
+    buffer.__setstate__(_state())
+    assert type(buffer) is HistoryBuffer
+    assert buffer.max_length == 5 and buffer.current() == 1.0
+
+
+def test_checked_history_buffer_cannot_be_called():
+    with pytest.raises(pickle.UnpicklingError, match='NEWOBJ and BUILD'):
+        CheckedHistoryBuffer([1.0], [1])
+
+
+def test_scope_keeps_entries_that_were_there_before():
+    before = torch.serialization.get_safe_globals()
+    torch.serialization.add_safe_globals([Stranger])
+    try:
+        with scoped_safe_globals([Stranger, HistoryBuffer]):
+            assert HistoryBuffer in torch.serialization.get_safe_globals()
+        after = set(torch.serialization.get_safe_globals())
+        assert after == set(before) | {Stranger}
+    finally:
+        torch.serialization.clear_safe_globals()
+        torch.serialization.add_safe_globals(before)
 
 
 def test_not_needed_before_torch_2_6(monkeypatch):

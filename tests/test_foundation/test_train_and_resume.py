@@ -8,6 +8,7 @@ import pytest
 import torch
 from mmengine.hooks import Hook
 from mmengine.runner import Runner
+from mmengine.runner.checkpoint import CheckpointLoader
 
 from mmnanguard.testing import (
     TINY_COCO_CONFIG,
@@ -36,7 +37,7 @@ def test_train_save_resume(config, root, tmp_path, request):
     ckpt_path = osp.join(work_dir, 'epoch_1.pth')
     assert osp.isfile(ckpt_path)
     assert runner.iter == 4
-    saved = torch.load(ckpt_path)  # weights_only, through the allowlist
+    saved = CheckpointLoader.load_checkpoint(ckpt_path)  # the allowlist
     assert saved['meta']['iter'] == 4 and saved['meta']['epoch'] == 1
     assert tensors_all_finite(saved['state_dict'])
     assert saved['optimizer']['state'], 'SGD momentum was saved'

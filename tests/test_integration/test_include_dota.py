@@ -6,10 +6,10 @@ import glob
 import json
 import os.path as osp
 
-import torch
 from integration_utils import NANGUARD_DOTA
 from mmengine.config import Config
 from mmengine.registry import RUNNERS
+from mmengine.runner.checkpoint import CheckpointLoader
 
 from mmnanguard.engine.hooks import NanGuardHook
 from mmnanguard.engine.runner import NanGuardRunner
@@ -55,7 +55,7 @@ def test_include_skips_broken_annotation(broken_dota, tmp_path):
         'epoch_2.pth',
     ]
     for path in checkpoints:
-        ckpt = torch.load(path, map_location='cpu')
+        ckpt = CheckpointLoader.load_checkpoint(path, map_location='cpu')
         assert tensors_all_finite(ckpt['state_dict']), path
         assert tensors_all_finite(ckpt['optimizer']), path
     # the data check named the same file (and the line's problem) first

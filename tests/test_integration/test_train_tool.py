@@ -6,7 +6,6 @@ import glob
 import json
 import os.path as osp
 
-import torch
 from integration_utils import (
     DEMO_CONFIG,
     NANGUARD_DOTA,
@@ -14,6 +13,7 @@ from integration_utils import (
     data_options,
     run_script,
 )
+from mmengine.runner.checkpoint import CheckpointLoader
 
 from mmnanguard.testing import TINY_DOTA_CONFIG, tensors_all_finite
 
@@ -85,7 +85,9 @@ def test_amp_config_with_clip_grad(tiny_dota_root, tmp_path):
     )
     assert 'NanGuardHook' in hooks_line
     assert 'AmpScaleMonitorHook' in hooks_line  # added because of AMP
-    ckpt = torch.load(str(tmp_path / 'epoch_1.pth'), map_location='cpu')
+    ckpt = CheckpointLoader.load_checkpoint(
+        str(tmp_path / 'epoch_1.pth'), map_location='cpu'
+    )
     assert tensors_all_finite(ckpt['state_dict'])
     assert tensors_all_finite(ckpt['optimizer'])
     assert 'loss_scaler' in ckpt['optimizer']  # AMP state was saved

@@ -1,19 +1,36 @@
 # Copyright (c) mmnanguard contributors. All rights reserved.
 """Name the cause of an incident from the replay, the data checks and the
-history.
+history; say where it was first seen (stage) and whether it reproduced.
+
+Every diagnosis has two axes besides the cause:
+
+* ``stage``: where the first non-finite value was seen in the *live*
+  iteration (``data``, ``loss``, ``backward``, ``optimizer``,
+  ``checkpoint``; see :mod:`mmnanguard.engine.guard.stage`), refined to
+  ``forward`` when the replay reproduces the incident and finds a
+  non-finite activation before any loss;
+* ``reproduced``: whether the replay from the saved state (in the training
+  precision) is non-finite again.
 
 Causes, in the order they are tested:
 
 * ``data``: the batch holds an invalid input or target (a non-finite pixel,
   a non-finite or zero-size box, a label out of range, a stray
   segmentation value) and the replay is non-finite;
+* ``explosion`` (parameter incidents): the replay is finite and the lr
+  was ``explosion_ratio`` times above what the param schedulers
+  prescribe: the update itself threw the weights out of range;
 * ``transient``: the deterministic replay (fp32 too, under AMP) is finite
-  where the original step was not: nondeterminism or hardware;
-* ``explosion``: the gradient norm grew by ``explosion_ratio`` or more
-  (default: two orders of magnitude) over the buffered iterations before
-  it became non-finite, or the learning rate rose by that factor (one
-  update threw the weights out of range), or the replayed gradients are
-  finite element by element while their norm overflows float32;
+  where the original step was not: a one-shot fault (its stage still
+  says where the live iteration saw it), nondeterminism or hardware;
+* ``explosion``: the gradient norm or the loss grew by ``explosion_ratio``
+  or more (default: two orders of magnitude) over the buffered iterations,
+  or the lr was that far above the schedule (a warmup, step or cosine
+  schedule is expected, however fast it rises), or the replayed gradients
+  are finite element by element while their norm overflows float32;
+* ``forward`` (overflow): the first module whose output left the normal
+  range (:mod:`.magnitude`) has weights out of range: the inf that a loss
+  shows later is that module's;
 * ``forward``: the first non-finite activation, at a module;
 * ``loss``: every activation finite, a loss term non-finite;
 * ``backward``: the loss finite, a gradient non-finite;
@@ -24,7 +41,7 @@ Causes, in the order they are tested:
 from typing import Any, Dict, List, Optional
 
 from .batch_checks import describe_finding
-from .explosion import grad_norm_growth, lr_jump
+from .explosion import grad_norm_growth, loss_growth, lr_off_schedule
 from .replay import ReplayResult
 from .tree import describe_values
 
@@ -115,6 +132,76 @@ def _backward_text(replay: ReplayResult) -> str:
     return '; '.join(parts)
 
 
+#: Stage of an incident kind, for reports written without one.
+KIND_STAGES = dict(
+    nonfinite_loss='loss',
+    nonfinite_grad='backward',
+    nonfinite_params='optimizer',
+    nonfinite_checkpoint='checkpoint',
+)
+
+
+def _stage(report: Dict[str, Any], replay: ReplayResult) -> str:
+    stage = (
+        (report.get('live') or {}).get('stage')
+        or report.get('stage')
+        or KIND_STAGES.get(report['kind'], 'loss')
+    )
+    if stage == 'loss' and not replay.finite and replay.forward_first:
+        return 'forward'  # reproduced: the live forward had it as well
+    return stage
+
+
+def _transient_text(report: Dict[str, Any], stage: str) -> str:
+    live = (report.get('live') or {}).get('text')
+    seen = f' ({live})' if live else ''
+    return (
+        f'the live iteration saw it at stage `{stage}`{seen}, but the '
+        'deterministic replay of the same batch from the same state and '
+        'RNG is finite: a one-shot fault, nondeterminism or hardware'
+    )
+
+
+def _explosion_text(
+    growth: Optional[Dict[str, Any]],
+    loss: Optional[Dict[str, Any]],
+    lr: Optional[Dict[str, Any]],
+    ratio: float,
+) -> Optional[str]:
+    if growth and growth['ratio'] >= ratio:
+        return (
+            f"the gradient norm grew {growth['ratio']:.3g}x, from "
+            f"{_fmt(growth['from_norm'])} (iteration "
+            f"{growth['from_iter']}) to {_fmt(growth['to_norm'])} "
+            f"(iteration {growth['to_iter']}), before it became non-finite"
+        )
+    if loss and loss['ratio'] >= ratio:
+        return (
+            f"the loss grew {loss['ratio']:.3g}x, from "
+            f"{_fmt(loss['from_value'])} (iteration {loss['from_iter']}) "
+            f"to {_fmt(loss['to_value'])} (iteration {loss['to_iter']}), "
+            'before it became non-finite'
+        )
+    if lr and lr['ratio'] >= ratio:
+        return (
+            f"the learning rate at iteration {lr['iteration']} was "
+            f"{_fmt(lr['lr'])}, {lr['ratio']:.3g}x what the param "
+            f"schedulers prescribe ({_fmt(lr['lr_scheduled'])}): one "
+            'finite update threw the weights out of range'
+        )
+    return None
+
+
+def _overflow_text(first: Dict[str, Any]) -> str:
+    return (
+        f"the magnitudes leave the normal range at module "
+        f"`{first['module']}` ({first['type']}): its {first['reason']}, "
+        f"and its weights are out of range (max |w| "
+        f"{_fmt(first['weight_max'])}); the non-finite values downstream "
+        'are its overflow'
+    )
+
+
 def classify(
     report: Dict[str, Any],
     findings: List[Dict[str, Any]],
@@ -123,25 +210,30 @@ def classify(
     explosion_ratio: float = 100.0,
     optimizer_nonfinite: Optional[List[str]] = None,
 ) -> Dict[str, Any]:
-    """The cause and the evidence of an incident.
+    """The cause, the stage and the evidence of an incident.
 
     Args:
-        report (dict): The incident's ``report.json`` content.
+        report (dict): The incident's ``report.json`` content (``stage``
+            and ``live`` as the guard wrote them, ``history``).
         findings (list[dict]): :func:`check_batch`'s findings.
         replay (ReplayResult): The replay in the training precision.
         fp32 (ReplayResult, optional): The fp32 replay (AMP runs only).
-        explosion_ratio (float): Gradient-norm growth that counts as an
-            explosion.
+        explosion_ratio (float): Growth of the gradient norm or the loss,
+            or lr over the schedule, that counts as an explosion.
         optimizer_nonfinite (list[str], optional): Non-finite optimizer
             state entries (parameter incidents).
 
     Returns:
-        dict: ``cause`` (one of :data:`CAUSES`), ``summary`` (one line),
-        ``fp16_overflow`` (bool), and ``evidence`` (``data``, ``replay``,
-        ``fp32_replay``, ``grad_norm_growth``, ``optimizer_state``).
+        dict: ``cause`` (one of :data:`CAUSES`), ``stage``, ``reproduced``
+        (bool), ``summary`` (one line), ``fp16_overflow`` (bool), and
+        ``evidence`` (``data``, ``replay``, ``fp32_replay``,
+        ``grad_norm_growth``, ``loss_growth``, ``lr_schedule``,
+        ``optimizer_state``, ``live``).
     """
-    growth = grad_norm_growth(report.get('history', []), report['iteration'])
-    jump = lr_jump(report.get('history', []), report['iteration'])
+    history, iteration = report.get('history', []), report['iteration']
+    growth = grad_norm_growth(history, iteration)
+    loss = loss_growth(history, iteration)
+    lr = lr_off_schedule(history, iteration)
     fp16_overflow = bool(
         fp32 is not None and not replay.finite and fp32.finite
     )
@@ -150,10 +242,16 @@ def classify(
         replay=replay.to_dict(),
         fp32_replay=fp32.to_dict() if fp32 is not None else None,
         grad_norm_growth=growth,
-        lr_jump=jump,
+        loss_growth=loss,
+        lr_schedule=lr,
         optimizer_state=optimizer_nonfinite or [],
+        live=report.get('live'),
     )
+    stage = _stage(report, replay)
     replays_finite = replay.finite and (fp32 is None or fp32.finite)
+    exploded = _explosion_text(growth, loss, lr, explosion_ratio)
+    lr_text = _explosion_text(None, None, lr, explosion_ratio)
+    overflow = replay.magnitude_first
     if findings and not replay.finite:
         cause = 'data'
         summary = (
@@ -174,31 +272,18 @@ def classify(
             'the replayed gradients are finite, the optimizer state '
             f'is not: {", ".join(optimizer_nonfinite[:3])}'
         )
+    elif (
+        replays_finite and report.get('kind') == 'nonfinite_params' and lr_text
+    ):
+        cause, summary = 'explosion', lr_text
     elif replays_finite:
         cause = 'transient'
-        summary = (
-            'the deterministic replay of the same batch from the same '
-            'state and RNG is finite, the original step was not: '
-            'nondeterminism or hardware'
-        )
-    elif growth and growth['ratio'] >= explosion_ratio:
-        cause = 'explosion'
-        summary = (
-            f"the gradient norm grew {growth['ratio']:.3g}x, from "
-            f"{_fmt(growth['from_norm'])} (iteration "
-            f"{growth['from_iter']}) to {_fmt(growth['to_norm'])} "
-            f"(iteration {growth['to_iter']}), before it became "
-            f"non-finite; lr {_fmt(growth['lr_from'])} -> "
-            f"{_fmt(growth['lr_to'])}"
-        )
-    elif jump and jump['ratio'] >= explosion_ratio:
-        cause = 'explosion'
-        summary = (
-            f"the learning rate jumped {jump['ratio']:.3g}x, from "
-            f"{_fmt(jump['from_lr'])} (iteration {jump['from_iter']}) to "
-            f"{_fmt(jump['to_lr'])} (iteration {jump['to_iter']}): one "
-            'finite update threw the weights out of range'
-        )
+        summary = _transient_text(report, stage)
+    elif exploded:
+        cause, summary = 'explosion', exploded
+    elif overflow and overflow['weights_out_of_range']:
+        cause = 'forward'
+        summary = _overflow_text(overflow)
     elif norm_overflow(replay):
         cause = 'explosion'
         top = ', '.join(
@@ -231,6 +316,8 @@ def classify(
         )
     return dict(
         cause=cause,
+        stage=stage,
+        reproduced=not replay.finite,
         summary=summary,
         fp16_overflow=fp16_overflow,
         evidence=evidence,

@@ -11,9 +11,10 @@ from torch import nn
 
 from .batch_checks import check_batch, model_classes
 from .classify import classify
+from .drop_ins import box_coders, loss_modules, module_entry
 from .incident_files import write_report_json
 from .remedy import remedies
-from .replay import replay_batch
+from .replay import ReplayResult, replay_batch
 from .report_md import verdict_lines, write_markdown
 from .timeline import write_timeline
 
@@ -25,6 +26,35 @@ def module_weight_stats(model: nn.Module, name: str) -> Dict[str, Any]:
     values = [p.detach().abs().max() for p in module.parameters() if p.numel()]
     top = float(torch.stack(values).max()) if values else math.nan
     return dict(module=name, max_abs=f'{top:.3g}')
+
+
+def _bad_terms(replay: ReplayResult) -> List[str]:
+    """Terms that are non-finite, or whose gradient is."""
+    bad = [t for t in replay.nonfinite_terms if t != 'loss']
+    return bad + [k for k, ok in replay.term_grads.items() if not ok]
+
+
+def _add_module_evidence(
+    model: nn.Module,
+    evidence: Dict[str, Any],
+    replay: ReplayResult,
+    fp32: Optional[ReplayResult],
+) -> None:
+    """The loss modules and box coders of the terms that went non-finite,
+    and the weights of the first non-finite module, as found in the
+    model."""
+    terms = _bad_terms(replay) + (_bad_terms(fp32) if fp32 else [])
+    evidence['loss_modules'] = loss_modules(model, list(dict.fromkeys(terms)))
+    evidence['box_coders'] = box_coders(model)
+    evidence['loss_first_module'] = (
+        module_entry(model, replay.loss_first['module'])
+        if replay.loss_first
+        else None
+    )
+    if replay.forward_first:
+        evidence['module_weights'] = [
+            module_weight_stats(model, replay.forward_first['module'])
+        ]
 
 
 def diagnose(
@@ -61,7 +91,8 @@ def diagnose(
             state entries.
 
     Returns:
-        dict: The report, with ``cause``, ``evidence`` and ``diagnosis``
+        dict: The report, with ``cause``, ``stage`` (refined, see
+        :func:`classify`), ``reproduced``, ``evidence`` and ``diagnosis``
         (``summary``, ``verdict``, ``remedy``, ``replay_state``,
         ``fp16_overflow``).
     """
@@ -84,11 +115,11 @@ def diagnose(
     )
     evidence = result['evidence']
     evidence['num_classes'] = num_classes
-    if replay.forward_first:
-        evidence['module_weights'] = [
-            module_weight_stats(model, replay.forward_first['module'])
-        ]
+    evidence['lr'] = report.get('lr')
+    _add_module_evidence(model, evidence, replay, fp32)
     report['cause'] = result['cause']
+    report['stage'] = result['stage']
+    report['reproduced'] = result['reproduced']
     report['evidence'] = evidence
     report['diagnosis'] = dict(
         summary=result['summary'],

@@ -1,8 +1,9 @@
 # Copyright (c) mmnanguard contributors. All rights reserved.
-"""Tell from the ring buffer whether the gradient norm exploded."""
+"""Tell from the ring buffer whether training exploded: the gradient norm
+or the loss grew by orders of magnitude, or the lr left its schedule."""
 
 import math
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 
 def _number(value: Any) -> Optional[float]:
@@ -11,6 +12,30 @@ def _number(value: Any) -> Optional[float]:
     except (TypeError, ValueError):
         return None
     return value if math.isfinite(value) else None
+
+
+def _growth(
+    points: List[Tuple[int, Optional[float]]], min_points: int
+) -> Optional[Dict[str, Any]]:
+    """Newest finite value over the smallest finite value before it (None
+    with fewer than ``min_points`` finite values or a smallest value
+    <= 0)."""
+    finite = [(it, v) for it, v in points if v is not None]
+    if len(finite) < min_points:
+        return None
+    to_iter, to_value = finite[-1]
+    from_iter, from_value = min(finite[:-1], key=lambda p: p[1])
+    if from_value <= 0:  # no scale to grow from (a zero or negative loss)
+        return None
+    ratio = to_value / from_value
+    return dict(
+        ratio=ratio,
+        orders=math.log10(ratio) if ratio > 0 else None,
+        from_iter=from_iter,
+        to_iter=to_iter,
+        from_value=from_value,
+        to_value=to_value,
+    )
 
 
 def grad_norm_growth(
@@ -30,41 +55,57 @@ def grad_norm_growth(
 
     Returns:
         dict | None: ``ratio``, ``orders`` (log10 of it), ``from_norm``,
-        ``from_iter``, ``to_norm``, ``to_iter``, ``lr_from``, ``lr_to``;
-        None with fewer than ``min_points`` finite norms.
+        ``from_iter``, ``to_norm``, ``to_iter``, ``lr_from``, ``lr_to``
+        (None when no lr is recorded); None with fewer than ``min_points``
+        finite norms.
     """
-    points = [
-        (h['iteration'], _number(h.get('grad_norm')), h.get('lr'))
-        for h in history
-        if h['iteration'] <= iteration
-    ]
-    finite = [(it, g, lr) for it, g, lr in points if g is not None]
-    if len(finite) < min_points:
+    entries = [h for h in history if h['iteration'] <= iteration]
+    found = _growth(
+        [(h['iteration'], _number(h.get('grad_norm'))) for h in entries],
+        min_points,
+    )
+    if found is None:
         return None
-    to_iter, to_norm, _ = finite[-1]
-    from_iter, from_norm, _ = min(finite[:-1], key=lambda p: p[1])
-    ratio = to_norm / from_norm if from_norm > 0 else math.inf
-    lrs = [_number(lr) for _, _, lr in points if _number(lr) is not None]
-    return dict(
-        ratio=ratio,
-        orders=math.log10(ratio) if 0 < ratio < math.inf else None,
-        from_norm=from_norm,
-        from_iter=from_iter,
-        to_norm=to_norm,
-        to_iter=to_iter,
-        lr_from=lrs[0] if lrs else None,
-        lr_to=lrs[-1] if lrs else None,
+    lrs = [lr for lr in (_number(h.get('lr')) for h in entries) if lr]
+    found['from_norm'] = found.pop('from_value')
+    found['to_norm'] = found.pop('to_value')
+    found.update(
+        lr_from=lrs[0] if lrs else None, lr_to=lrs[-1] if lrs else None
+    )
+    return found
+
+
+def loss_growth(
+    history: List[Dict[str, Any]], iteration: int, min_points: int = 3
+) -> Optional[Dict[str, Any]]:
+    """How much the finite total loss grew over the buffered iterations
+    (the rule of :func:`grad_norm_growth`, on ``loss_terms['loss']``).
+
+    Returns:
+        dict | None: ``ratio``, ``orders``, ``from_value``, ``from_iter``,
+        ``to_value``, ``to_iter``; None with fewer than ``min_points``
+        finite losses.
+    """
+    return _growth(
+        [
+            (h['iteration'], _number(h.get('loss_terms', {}).get('loss')))
+            for h in history
+            if h['iteration'] <= iteration
+        ],
+        min_points,
     )
 
 
-def lr_jump(
+def lr_off_schedule(
     history: List[Dict[str, Any]], iteration: int
 ) -> Optional[Dict[str, Any]]:
-    """How much the learning rate rose over the buffered iterations.
+    """The buffered iteration whose lr was furthest above the schedule.
 
-    An lr that jumps by orders of magnitude makes one finite update throw
-    the weights out of range: the *update* explodes while the gradient norm
-    still looks normal.
+    An lr changed by the configured param schedulers (warmup, steps,
+    cosine) is expected, however fast it rises; an lr above what they
+    prescribe (``lr_scheduled`` in the history) was set by someone else,
+    and by orders of magnitude it makes one finite update throw the
+    weights out of range.
 
     Args:
         history (list[dict]): The report's ``history``.
@@ -72,24 +113,15 @@ def lr_jump(
             ignored.
 
     Returns:
-        dict | None: ``ratio`` (newest lr over the smallest lr before it),
-        ``from_lr``, ``from_iter``, ``to_lr``, ``to_iter``; None with fewer
-        than 2 finite positive lrs.
+        dict | None: ``ratio`` (lr over the prescribed lr), ``iteration``,
+        ``lr``, ``lr_scheduled``; None when no iteration has both.
     """
-    points = [
-        (h['iteration'], _number(h.get('lr')))
-        for h in history
-        if h['iteration'] <= iteration
-    ]
-    finite = [(it, lr) for it, lr in points if lr is not None and lr > 0]
-    if len(finite) < 2:
+    points = []
+    for h in history:
+        lr, planned = _number(h.get('lr')), _number(h.get('lr_scheduled'))
+        if h['iteration'] <= iteration and lr and planned and planned > 0:
+            points.append((lr / planned, h['iteration'], lr, planned))
+    if not points:
         return None
-    to_iter, to_lr = finite[-1]
-    from_iter, from_lr = min(finite[:-1], key=lambda p: p[1])
-    return dict(
-        ratio=to_lr / from_lr,
-        from_lr=from_lr,
-        from_iter=from_iter,
-        to_lr=to_lr,
-        to_iter=to_iter,
-    )
+    ratio, it, lr, planned = max(points)
+    return dict(ratio=ratio, iteration=it, lr=lr, lr_scheduled=planned)

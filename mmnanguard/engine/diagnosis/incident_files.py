@@ -1,25 +1,35 @@
 # Copyright (c) mmnanguard contributors. All rights reserved.
 """Read an incident folder back (for offline replay) and rewrite its report.
 
-``batch.pth`` holds mmengine data samples (``DetDataSample``,
-``InstanceData``, box types), which only a full unpickler can load:
-``torch.load(..., weights_only=False)`` can run arbitrary code from a
-crafted file. :func:`load_incident` therefore loads it only after checking
-that it is an incident file: the folder is named like the ones
-``NanGuardHook`` writes, its ``report.json`` is an incident report of the
-same iteration, and every global the pickle references lies in the
-OpenMMLab, torch or numpy packages (read off without executing it with
-``torch.serialization.get_unsafe_globals_in_checkpoint``). Load incident
-folders from people you trust all the same.
+An incident folder is data, never code, wherever it comes from.
+``batch.pth`` is loaded with ``torch.load(..., weights_only=True)`` and an
+exact allowlist (:func:`incident_batch_globals`), in scope for that one
+load only: the data classes a batch holds (the mmdet/mmrotate/mmseg data
+samples, ``InstanceData``, ``PixelData``, the box and mask types) and what
+numpy arrays pickle to; tensors, dicts, lists and tuples are torch's own
+defaults. A file that needs anything else is refused with
+:class:`UntrustedIncidentError`, naming the file and the global or the
+call; nothing from it runs.
+
+The folder-name and ``report.json`` checks of :func:`load_incident` are a
+consistency check (is this what ``NanGuardHook`` wrote, of the same
+iteration?), not protection: whoever crafts a folder writes those too.
 """
 
+import importlib
 import json
 import os
 import os.path as osp
 import re
 from typing import Any, Dict, List, Tuple
 
-import torch
+from mmnanguard.compat.checkpoint_allowlist import numpy_globals
+from mmnanguard.compat.safe_load import (
+    UntrustedFileError,
+    globals_outside,
+    scoped_safe_globals,
+    weights_only_load,
+)
 
 from ..guard.incident import BATCH_NAME, REPORT_NAME
 
@@ -30,21 +40,15 @@ INCIDENT_KINDS = (
     'nonfinite_params',
     'nonfinite_checkpoint',
 )
-#: Module prefixes whose globals a ``batch.pth`` may reference.
-SAFE_GLOBAL_PREFIXES = (
-    'mmengine.',
-    'mmcv.',
-    'mmdet.',
-    'mmrotate.',
-    'mmseg.',
-    'mmnanguard.',
-    'torch.',
-    'numpy.',
-    'collections.',
-    '_codecs.encode',
-    'builtins.set',
-    'builtins.slice',
-    'builtins.frozenset',
+#: The data classes a ``batch.pth`` may hold, by module. A package that is
+#: not installed contributes none (its classes cannot be in a batch here).
+BATCH_CLASSES = (
+    ('mmengine.structures', ('InstanceData', 'PixelData')),
+    ('mmdet.structures', ('DetDataSample',)),
+    ('mmdet.structures.bbox', ('HorizontalBoxes',)),
+    ('mmdet.structures.mask', ('BitmapMasks', 'PolygonMasks')),
+    ('mmrotate.structures.bbox', ('RotatedBoxes', 'QuadriBoxes')),
+    ('mmseg.structures', ('SegDataSample',)),
 )
 
 
@@ -52,21 +56,71 @@ class NotAnIncidentError(ValueError):
     """A folder or file is not what ``NanGuardHook`` writes."""
 
 
+class UntrustedIncidentError(NotAnIncidentError, UntrustedFileError):
+    """An incident file holds objects or calls outside the allowlist."""
+
+
+def incident_batch_globals() -> List[Any]:
+    """The allowlist of ``batch.pth``: data classes and numpy, no callable.
+
+    Returns:
+        list: Entries for ``torch.serialization.safe_globals``.
+    """
+    found: List[Any] = []
+    for module_name, names in BATCH_CLASSES:
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError:
+            continue
+        found += [getattr(module, name) for name in names]
+    return found + numpy_globals()
+
+
 def check_batch_globals(path: str) -> List[str]:
-    """The globals ``path`` references; raise if one is outside
-    :data:`SAFE_GLOBAL_PREFIXES`.
+    """The globals of ``path`` outside :func:`incident_batch_globals`.
+
+    Read without unpickling. A legacy-format file cannot be scanned this
+    way; the load itself refuses what it holds.
+
+    Args:
+        path (str): A ``batch.pth``.
+
+    Returns:
+        list[str]: ``[]`` (raises otherwise).
 
     Raises:
-        NotAnIncidentError: Naming the file and the foreign globals.
+        UntrustedIncidentError: Naming the file and the foreign globals.
     """
-    found = torch.serialization.get_unsafe_globals_in_checkpoint(path)
-    foreign = [g for g in found if not g.startswith(SAFE_GLOBAL_PREFIXES)]
+    with scoped_safe_globals(incident_batch_globals()):
+        foreign = globals_outside(path)
     if foreign:
-        raise NotAnIncidentError(
-            f'{path} references globals outside the OpenMMLab/torch/numpy '
-            f'packages: {foreign}; refusing to unpickle it'
+        raise UntrustedIncidentError(
+            f'Refusing to load the incident batch {path!r}: it references '
+            f'globals outside the allowlist: {foreign}'
         )
-    return found
+    return foreign
+
+
+def load_batch(path: str) -> Dict[str, Any]:
+    """Load ``batch.pth`` with ``weights_only=True`` and the allowlist.
+
+    Args:
+        path (str): The file.
+
+    Returns:
+        dict: What the file holds (checked by :func:`load_incident`).
+
+    Raises:
+        UntrustedIncidentError: The unpickler refused a global or a call;
+            the message names the file and it.
+    """
+    return weights_only_load(
+        path,
+        incident_batch_globals(),
+        what='incident batch',
+        error=UntrustedIncidentError,
+        map_location='cpu',
+    )
 
 
 def load_incident(folder: str) -> Tuple[Dict[str, Any], Dict[str, Any]]:
@@ -81,7 +135,9 @@ def load_incident(folder: str) -> Tuple[Dict[str, Any], Dict[str, Any]]:
 
     Raises:
         NotAnIncidentError: If the folder name, the report or the batch
-            file is not an incident's.
+            file is not an incident's (a consistency check).
+        UntrustedIncidentError: If ``batch.pth`` holds anything outside
+            the allowlist (:func:`incident_batch_globals`).
     """
     folder = osp.abspath(folder)
     name = osp.basename(folder.rstrip(os.sep))
@@ -99,17 +155,27 @@ def load_incident(folder: str) -> Tuple[Dict[str, Any], Dict[str, Any]]:
                 ' (NanGuardHook(save_batch=True) '
                 'writes it)'
             )
-    with open(report_path) as f:
-        report = json.load(f)
+    try:
+        with open(report_path) as f:
+            report = json.load(f)
+    except ValueError as err:  # json.JSONDecodeError, UnicodeDecodeError
+        raise NotAnIncidentError(
+            f'{report_path} is not an incident report: not JSON ({err})'
+        ) from err
+    if not isinstance(report, dict):
+        raise NotAnIncidentError(
+            f'{report_path} is not an incident report: expected a JSON '
+            f'object, got {type(report).__name__}'
+        )
     if report.get('kind') not in INCIDENT_KINDS or not isinstance(
         report.get('iteration'), int
     ):
         raise NotAnIncidentError(
             f'{report_path} is not an incident report: kind='
-            f'{report.get("kind")!r}, expected one of {INCIDENT_KINDS}'
+            f'{report.get("kind")!r}, expected one of {INCIDENT_KINDS}, '
+            f'and an integer iteration (got {report.get("iteration")!r})'
         )
-    check_batch_globals(batch_path)
-    batch = torch.load(batch_path, map_location='cpu', weights_only=False)
+    batch = load_batch(batch_path)
     if not isinstance(batch, dict) or not {
         'data_batch',
         'rng_state',

@@ -11,6 +11,9 @@
   a view and is being modified inplace`` (docs STACK.md, breakage 5).
 * ``register_post_accumulate_grad_hook`` on every parameter records, in
   backward order, the parameters whose gradient is non-finite.
+* The same forward hook records, per module call, the largest absolute
+  value of the output and of the inputs, and of the module's own weights
+  (see :mod:`.magnitude`).
 
 Use it as a context manager; every handle is removed on exit.
 """
@@ -20,6 +23,7 @@ from typing import Any, Dict, List, Optional
 import torch
 from torch import nn
 
+from .magnitude import max_abs, own_weight_max
 from .tree import first_nonfinite, iter_tensors, nonfinite_summary
 
 
@@ -47,6 +51,10 @@ class ActivationProbe:
             output gradient is non-finite.
         param_grads (list[dict]): Parameters with non-finite gradients, in
             the order their gradients were accumulated.
+        magnitudes (list[dict]): Per non-loss module call, in execution
+            order: ``module``, ``type``, ``out_max``, ``in_max`` and
+            ``weight_max`` (largest absolute output, input and own weight;
+            None where there is none).
     """
 
     def __init__(self, model: nn.Module, max_params: int = 10) -> None:
@@ -56,6 +64,8 @@ class ActivationProbe:
         self.loss_first: Optional[Dict[str, Any]] = None
         self.grad_first: Optional[Dict[str, Any]] = None
         self.param_grads: List[Dict[str, Any]] = []
+        self.magnitudes: List[Dict[str, Any]] = []
+        self._weight_max: Dict[str, Optional[float]] = {}
         self.calls = 0
         self.grad_calls = 0
         self.record_grads = True
@@ -100,12 +110,29 @@ class ActivationProbe:
                         self.loss_first = bad
                     else:
                         self.forward_first = bad
+            if not loss:
+                self._record_magnitude(name, module, args, output)
             if torch.is_grad_enabled() and not loss:
                 for path, tensor in iter_tensors(output):
                     if tensor.requires_grad and tensor.is_floating_point():
                         tensor.register_hook(self._grad_hook(name, path))
 
         return hook
+
+    def _record_magnitude(
+        self, name: str, module: nn.Module, args: Any, output: Any
+    ) -> None:
+        if name not in self._weight_max:
+            self._weight_max[name] = own_weight_max(module)
+        self.magnitudes.append(
+            dict(
+                module=name,
+                type=type(module).__name__,
+                out_max=max_abs(output),
+                in_max=max_abs(args),
+                weight_max=self._weight_max[name],
+            )
+        )
 
     # -- backward ---------------------------------------------------------
     def _grad_hook(self, name: str, path: str):

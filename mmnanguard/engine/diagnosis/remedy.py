@@ -1,8 +1,9 @@
 # Copyright (c) mmnanguard contributors. All rights reserved.
 """What to do about each cause: a few concrete lines for ``report.md``."""
 
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
+from .drop_ins import SAFE_MODULES_INCLUDE
 from .replay import ReplayResult
 
 
@@ -47,29 +48,54 @@ def _data_remedy(finding: Dict[str, Any]) -> List[str]:
     return lines
 
 
-def _loss_remedy(replay: ReplayResult) -> List[str]:
-    terms = [t for t in replay.nonfinite_terms if t != 'loss']
-    module = (replay.loss_first or {}).get('type', '')
+def _fmt_number(value: Any) -> Optional[str]:
+    try:
+        return f'{float(value):.3g}'
+    except (TypeError, ValueError):
+        return None
+
+
+def _drop_in_lines(entries: List[Dict[str, Any]]) -> List[str]:
+    """One line per loss module (or coder) that went non-finite."""
     lines = []
-    if any('cls' in t for t in terms) or 'Focal' in module:
-        lines.append(
-            '`log(0)` in the classification loss: replace '
-            "`FocalLoss` with `dict(type='StableFocalLoss')` "
-            '(or `CrossEntropyLoss` with '
-            "`dict(type='CheckedCrossEntropyLoss')`)."
-        )
+    for entry in entries:
+        term = f" (loss term `{entry['term']}`)" if entry.get('term') else ''
+        where = f"`{entry['type']}` at `{entry['config_path']}`{term}"
+        if entry.get('drop_in'):
+            lines.append(
+                f"Replace {where} with mmnanguard's drop-in "
+                f"`dict(type='{entry['drop_in']}', ...)` (every argument "
+                'kept), or add '
+                f"`'{SAFE_MODULES_INCLUDE}'` to `_base_`: it swaps every "
+                'module that has a drop-in.'
+            )
+        else:
+            lines.append(
+                f'{where} has no mmnanguard drop-in: look for `log(0)`, '
+                '`x / 0`, `sqrt(0)` or an `exp` overflow in it.'
+            )
+    return lines
+
+
+def _culprits(evidence: Dict[str, Any], terms: List[str]) -> List[Dict]:
+    """The loss modules of ``terms``, and the box coder of a box term."""
+    entries = [
+        e for e in evidence.get('loss_modules', []) if e['term'] in terms
+    ]
     if any('bbox' in t for t in terms):
+        entries += [e for e in evidence.get('box_coders', []) if e['drop_in']]
+    return entries
+
+
+def _loss_remedy(evidence: Dict[str, Any], replay: ReplayResult) -> List[str]:
+    terms = [t for t in replay.nonfinite_terms if t != 'loss']
+    entries = _culprits(evidence, terms)
+    if not entries and evidence.get('loss_first_module'):
+        entries = [evidence['loss_first_module']]
+    lines = _drop_in_lines(entries)
+    if any('seg' in t or 'decode' in t or '_ce' in t for t in terms):
         lines.append(
-            'A box loss divided by a zero-size or degenerate box: use '
-            "`dict(type='SafeDeltaXYWHTRBBoxCoder')` (rotated) and "
-            "`ValidateAnnotations`; for GWD/KLD `dict(type='SafeGDLoss')`, "
-            "for rotated IoU `dict(type='SafeRotatedIoULoss')`."
-        )
-    if any('dice' in t or 'seg' in t or 'decode' in t for t in terms):
-        lines.append(
-            "Segmentation loss: `dict(type='SafeDiceLoss')` or "
-            "`dict(type='CheckedCrossEntropyLoss')`, and set "
-            '`ignore_index`.'
+            'Set the loss `ignore_index` to the label of void pixels.'
         )
     return lines or [
         f"The loss term(s) {', '.join(terms)} are non-finite on finite "
@@ -77,11 +103,127 @@ def _loss_remedy(replay: ReplayResult) -> List[str]:
     ]
 
 
+def _backward_remedy(
+    evidence: Dict[str, Any], replay: ReplayResult
+) -> List[str]:
+    terms = [k for k, ok in replay.term_grads.items() if not ok]
+    lines = _drop_in_lines(_culprits(evidence, terms))
+    if replay.param_grads:
+        lines.append(
+            'The first parameter to receive a non-finite gradient '
+            f"(backward order) is `{replay.param_grads[0]['name']}`."
+        )
+    lines.append(
+        'A function with an infinite derivative at the value it got '
+        '(`sqrt(0)`, `x ** 0.5`, `acos(1)`, `atan2(0, 0)`, the norm of '
+        'a zero vector): add an epsilon inside it (`sqrt(x + eps)`) or '
+        'use the safe loss.'
+    )
+    lines.append(
+        '`python tools/replay.py INCIDENT_DIR --anomaly` names '
+        'the failing op with its forward traceback.'
+    )
+    return lines
+
+
+def _lr_words(evidence: Dict[str, Any]) -> str:
+    """``'(it was 2.5 where the schedule says 0.0025)'`` or similar, from
+    whatever the evidence holds; never a None."""
+    off = evidence.get('lr_schedule') or {}
+    growth = evidence.get('grad_norm_growth') or {}
+    lr, planned = (
+        _fmt_number(off.get('lr')),
+        _fmt_number(off.get('lr_scheduled')),
+    )
+    if lr and planned and off.get('ratio', 1.0) >= 2.0:
+        return f' (it was {lr} where the schedule prescribes {planned})'
+    start, end = (
+        _fmt_number(growth.get('lr_from')),
+        _fmt_number(growth.get('lr_to')),
+    )
+    if start and end:
+        return f' (it went {start} -> {end})'
+    current = _fmt_number(evidence.get('lr'))
+    return f' (it is {current})' if current else ''
+
+
+def _explosion_remedy(
+    evidence: Dict[str, Any], replay: ReplayResult
+) -> List[str]:
+    lines = [
+        f'Lower the learning rate{_lr_words(evidence)}, warm up longer, '
+        'clip gradients (`optim_wrapper.clip_grad=dict(max_norm=...)`).'
+    ]
+    if replay.top_grads and isinstance(replay.grad_norm, str):
+        lines.append(
+            f"Look at the weights of `{replay.top_grads[0]['name']}` "
+            '(largest gradient): a weight blow-up there makes the '
+            'gradients overflow.'
+        )
+    lines.append(
+        "`NanGuardHook(policy='rollback', lr_backoff=0.5)` "
+        'restores the last good state and halves the lr.'
+    )
+    return lines
+
+
+def _forward_remedy(
+    evidence: Dict[str, Any], replay: ReplayResult
+) -> List[str]:
+    overflow = replay.magnitude_first
+    if overflow and overflow.get('weights_out_of_range'):
+        weight = _fmt_number(overflow['weight_max'])
+        return [
+            f"The weights of `{overflow['module']}` ({overflow['type']}) "
+            f'are out of range (max |w| {weight}) '
+            f"and make its output overflow ({overflow['reason']}): find "
+            'what wrote them (an optimizer step with a huge lr or a '
+            'poisoned state, a bad checkpoint, custom code); '
+            "`NanGuardHook(policy='rollback')` restores the last good "
+            'weights.'
+        ]
+    first = replay.forward_first
+    weights = (evidence.get('module_weights') or [{}])[0]
+    largest = (
+        f" (largest |weight| {weights['max_abs']})"
+        if weights.get('max_abs')
+        else ''
+    )
+    return [
+        f"Module `{first['module']}` makes a non-finite output"
+        + (
+            f' from finite inputs: inspect its weights{largest} and '
+            'initialisation, lower the learning rate, clip gradients.'
+            if first['inputs_finite']
+            else '.'
+        )
+    ]
+
+
+def _transient_remedy(stage: str) -> List[str]:
+    lines = []
+    if stage == 'data':
+        lines.append(
+            'The inputs held a non-finite value in the live iteration '
+            'only: suspect the data loading (a corrupt or truncated read, '
+            'a race in a worker, a random transform), not the stored file.'
+        )
+    lines.append(
+        'Nothing deterministic to fix in model or data: suspect '
+        'nondeterministic kernels, races in custom ops, or the hardware '
+        '(ECC errors). Keep `policy=skip`; if it recurs on one device, '
+        'test that device.'
+    )
+    return lines
+
+
 def remedies(diagnosis: Dict[str, Any], replay: ReplayResult) -> List[str]:
     """Remedy lines for a :func:`classify` result.
 
     Args:
-        diagnosis (dict): ``cause``, ``evidence``, ``fp16_overflow``.
+        diagnosis (dict): ``cause``, ``stage``, ``evidence`` (with
+            ``loss_modules``, ``box_coders``, ``loss_first_module`` and
+            ``lr`` from :func:`~.diagnose.diagnose`), ``fp16_overflow``.
         replay (ReplayResult): The replay in the training precision.
 
     Returns:
@@ -98,59 +240,15 @@ def remedies(diagnosis: Dict[str, Any], replay: ReplayResult) -> List[str]:
     if cause == 'data':
         lines += _data_remedy(evidence['data'][0])
     elif cause == 'forward':
-        first = replay.forward_first
-        weights = (evidence.get('module_weights') or [{}])[0]
-        largest = (
-            f" (largest |weight| {weights['max_abs']})"
-            if weights.get('max_abs')
-            else ''
-        )
-        lines.append(
-            f"Module `{first['module']}` makes a non-finite output"
-            + (
-                f' from finite inputs: inspect its weights{largest} and '
-                'initialisation, lower the learning rate, clip gradients.'
-                if first['inputs_finite']
-                else '.'
-            )
-        )
+        lines += _forward_remedy(evidence, replay)
     elif cause == 'loss':
-        lines += _loss_remedy(replay)
+        lines += _loss_remedy(evidence, replay)
     elif cause == 'backward':
-        lines.append(
-            'A function with an infinite derivative at the value it got '
-            '(`sqrt(0)`, `x ** 0.5`, `acos(1)`, `atan2(0, 0)`, the norm of '
-            'a zero vector): add an epsilon inside it (`sqrt(x + eps)`) or '
-            'use the safe loss.'
-        )
-        lines.append(
-            '`python tools/replay.py INCIDENT_DIR --anomaly` names '
-            'the failing op with its forward traceback.'
-        )
+        lines += _backward_remedy(evidence, replay)
     elif cause == 'explosion':
-        growth = evidence['grad_norm_growth'] or {}
-        lines.append(
-            f"Lower the learning rate (it went {growth.get('lr_from')} -> "
-            f"{growth.get('lr_to')}), warm up longer, clip gradients "
-            "(`optim_wrapper.clip_grad=dict(max_norm=...)`)."
-        )
-        if replay.top_grads and isinstance(replay.grad_norm, str):
-            lines.append(
-                f"Look at the weights of `{replay.top_grads[0]['name']}` "
-                '(largest gradient): a weight blow-up there makes the '
-                'gradients overflow.'
-            )
-        lines.append(
-            "`NanGuardHook(policy='rollback', lr_backoff=0.5)` "
-            'restores the last good state and halves the lr.'
-        )
+        lines += _explosion_remedy(evidence, replay)
     elif cause == 'transient':
-        lines.append(
-            'Nothing deterministic to fix in model or data: suspect '
-            'nondeterministic kernels, races in custom ops, or the hardware '
-            '(ECC errors). Keep `policy=skip`; if it recurs on one device, '
-            'test that device.'
-        )
+        lines += _transient_remedy(diagnosis.get('stage', ''))
     elif cause == 'optimizer':
         lines.append(
             'The optimizer state holds non-finite values: roll back '

@@ -14,6 +14,7 @@ from torch import nn
 
 from ..guard.finite import json_number, total_norm
 from ..guard.rng import capture_rng_state, restore_rng_state
+from .magnitude import first_out_of_range, largest_outputs
 from .probe import ActivationProbe
 
 
@@ -43,6 +44,10 @@ class ReplayResult:
             norms (name, norm).
         anomaly (str | None): ``detect_anomaly``'s error and the forward
             traceback of the failing op (``anomaly=True``).
+        magnitude_first (dict | None): The first module call whose output
+            left the normal range (:func:`first_out_of_range`).
+        magnitude_top (list[dict]): The module calls with the largest
+            outputs (:func:`largest_outputs`).
     """
 
     precision: str = 'fp32'
@@ -58,6 +63,8 @@ class ReplayResult:
     grad_norm: Any = None
     top_grads: List[Dict[str, Any]] = field(default_factory=list)
     anomaly: Optional[str] = None
+    magnitude_first: Optional[Dict[str, Any]] = None
+    magnitude_top: List[Dict[str, Any]] = field(default_factory=list)
 
     @property
     def finite(self) -> bool:
@@ -76,6 +83,16 @@ class ReplayResult:
     def to_dict(self) -> Dict[str, Any]:
         """JSON-ready form (with ``finite``)."""
         return dict(asdict(self), finite=self.finite)
+
+
+def _json_safe(entry: Optional[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
+    """``entry`` with non-finite floats as ``'inf'``/``'nan'`` strings."""
+    if entry is None:
+        return None
+    return {
+        k: json_number(v) if isinstance(v, float) else v
+        for k, v in entry.items()
+    }
 
 
 def _term_total(value: Any) -> Optional[torch.Tensor]:
@@ -190,6 +207,11 @@ def replay_batch(
         result.loss_first = probe.loss_first
         result.grad_first = probe.grad_first
         result.param_grads = probe.param_grads
+        first = first_out_of_range(probe.magnitudes, result.precision)
+        result.magnitude_first = _json_safe(first)
+        result.magnitude_top = [
+            _json_safe(m) for m in largest_outputs(probe.magnitudes)
+        ]
     finally:
         model.zero_grad(set_to_none=True)
         restore_rng_state(saved)

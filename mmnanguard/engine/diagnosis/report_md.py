@@ -7,15 +7,31 @@ from typing import Any, Dict, List
 REPORT_MD = 'report.md'
 
 
+def _or(value: Any, missing: str) -> str:
+    return missing if value is None else str(value)
+
+
+def stage_line(report: Dict[str, Any]) -> str:
+    """``'Stage: backward (live: ...); reproduced on replay: yes'``."""
+    live = (report.get('live') or {}).get('text')
+    reproduced = report.get('reproduced')
+    again = {True: 'yes', False: 'no'}.get(reproduced, 'not replayed')
+    return (
+        f"Stage: {report.get('stage')}"
+        + (f' (live iteration: {live})' if live else '')
+        + f'; reproduced on replay: {again}'
+    )
+
+
 def verdict_lines(report: Dict[str, Any]) -> List[str]:
-    """The three verdict lines: cause, incident, first remedy.
+    """The four verdict lines: cause, stage, incident, first remedy.
 
     Args:
         report (dict): A report with ``diagnosis`` (see
             :func:`mmnanguard.engine.diagnosis.diagnose`).
 
     Returns:
-        list[str]: Three lines of plain text.
+        list[str]: Four lines of plain text.
     """
     diag = report['diagnosis']
     cause = report['cause']
@@ -26,14 +42,20 @@ def verdict_lines(report: Dict[str, Any]) -> List[str]:
         f"{report['kind']} at iteration {report['iteration']} "
         f"(epoch {report.get('epoch')}, rank {report.get('rank')})"
         f"; non-finite loss terms: {terms or 'none'}; grad_norm="
-        f"{report.get('grad_norm')}; action: {report.get('action')}"
+        f"{_or(report.get('grad_norm'), 'not computed')}; action: "
+        f"{report.get('action')}"
     )
     remedy = diag['remedy'][0] if diag['remedy'] else 'see the evidence'
     return [
         f"Cause: {cause} -- {diag['summary']}",
+        stage_line(report),
         f'Incident: {incident}',
         f'Remedy: {remedy}',
     ]
+
+
+def _num(value: Any) -> str:
+    return f'{value:.3g}' if isinstance(value, float) else str(value)
 
 
 def _replay_lines(title: str, replay: Dict[str, Any]) -> List[str]:
@@ -63,6 +85,16 @@ def _replay_lines(title: str, replay: Dict[str, Any]) -> List[str]:
                 f"+inf, {first['neginf']} -inf of {first['numel']}; inputs "
                 f"{'finite' if first['inputs_finite'] else 'non-finite'}"
             )
+    jump = replay.get('magnitude_first')
+    if jump:
+        out_of_range = (
+            'out of range' if jump['weights_out_of_range'] else ('in range')
+        )
+        lines.append(
+            f"  - magnitudes first leave the normal range at "
+            f"`{jump['module']}` ({jump['type']}): {jump['reason']}; its "
+            f"weights max |w| {_num(jump['weight_max'])} ({out_of_range})"
+        )
     if not replay['backward_ran']:
         lines.append('  - backward not run (non-finite loss)')
     first = replay.get('grad_first')
@@ -124,7 +156,32 @@ def render_markdown(report: Dict[str, Any]) -> str:
             f"- gradient norm: {growth['from_norm']:.3g} (iteration "
             f"{growth['from_iter']}) -> {growth['to_norm']:.3g} "
             f"(iteration {growth['to_iter']}), x{growth['ratio']:.3g}"
-            f"; lr {growth['lr_from']} -> {growth['lr_to']}"
+            + (
+                f"; lr {growth['lr_from']:.3g} -> {growth['lr_to']:.3g}"
+                if growth.get('lr_from') and growth.get('lr_to')
+                else ''
+            )
+        )
+    loss = ev.get('loss_growth')
+    if loss:
+        out.append(
+            f"- total loss: {loss['from_value']:.3g} (iteration "
+            f"{loss['from_iter']}) -> {loss['to_value']:.3g} (iteration "
+            f"{loss['to_iter']}), x{loss['ratio']:.3g}"
+        )
+    off = ev.get('lr_schedule')
+    if off:
+        out.append(
+            f"- learning rate vs schedule: at most {off['ratio']:.3g}x "
+            f"what the param schedulers prescribe (iteration "
+            f"{off['iteration']}: {off['lr']:.3g} vs "
+            f"{off['lr_scheduled']:.3g})"
+        )
+    for entry in ev.get('loss_modules', []):
+        out.append(
+            f"- loss term `{entry['term']}`: `{entry['type']}` at "
+            f"`{entry['config_path']}`"
+            + (f", drop-in `{entry['drop_in']}`" if entry['drop_in'] else '')
         )
     for module in ev.get('module_weights', []):
         out.append(
@@ -146,15 +203,46 @@ def render_markdown(report: Dict[str, Any]) -> str:
         '',
         'Files: `report.json` (everything above, machine-readable), '
         '`batch.pth` (the batch and RNG states); re-run offline with '
-        '`python tools/replay.py INCIDENT_DIR [--fp32] [--anomaly]`.',
+        '`python tools/replay.py INCIDENT_DIR --config CFG [--fp32] '
+        '[--anomaly]`.',
         '',
     ]
     return '\n'.join(out)
 
 
-def write_markdown(report: Dict[str, Any], folder: str) -> str:
-    """Write ``report.md`` into ``folder``; return its path."""
+def _write(text: str, folder: str) -> str:
     path = osp.join(folder, REPORT_MD)
     with open(path, 'w') as f:
-        f.write(render_markdown(report))
+        f.write(text)
     return path
+
+
+def write_markdown(report: Dict[str, Any], folder: str) -> str:
+    """Write ``report.md`` into ``folder``; return its path."""
+    return _write(render_markdown(report), folder)
+
+
+def render_repeat(report: Dict[str, Any]) -> str:
+    """The Markdown of an incident that repeats an earlier diagnosis."""
+    earlier = report['repeat_of']
+    return '\n'.join(
+        [
+            f"# NanGuard incident at iteration {report['iteration']}: "
+            f"repeat of `{earlier['folder']}`",
+            '',
+            f"1. Repeats: {earlier['folder']} (iteration "
+            f"{earlier['iteration']}): same samples, kind "
+            f"({report['kind']}) and stage ({report.get('stage')})",
+            f"2. Cause there: {earlier['cause']} -- {earlier['summary']}",
+            f'3. {stage_line(report)}',
+            '',
+            f"See `../{earlier['folder']}/report.md`.",
+            '',
+        ]
+    )
+
+
+def write_repeat_markdown(report: Dict[str, Any], folder: str) -> str:
+    """Write the ``report.md`` of a repeat into ``folder``; return its
+    path."""
+    return _write(render_repeat(report), folder)

@@ -8,7 +8,8 @@ from .finite import json_number
 
 
 class IterationHistory:
-    """Loss terms, grad norm, learning rate and loss scale per iteration.
+    """Loss terms, grad norm, learning rate (as used and as the param
+    schedulers prescribe it) and loss scale per iteration.
 
     Args:
         maxlen (int): Iterations kept.
@@ -25,8 +26,14 @@ class IterationHistory:
         lr: Optional[float],
         loss_scale: Optional[float] = None,
         event: Optional[str] = None,
+        lr_scheduled: Optional[float] = None,
     ) -> None:
-        """Record one iteration (non-finite floats are kept as strings)."""
+        """Record one iteration (non-finite floats are kept as strings).
+
+        ``lr`` is the lr of the first param group in the step, and
+        ``lr_scheduled`` what the param schedulers prescribed for it
+        (:class:`~.scheduled_lr.ScheduledLr`).
+        """
         self._buffer.append(
             dict(
                 iteration=iteration,
@@ -35,6 +42,7 @@ class IterationHistory:
                 if grad_norm is None
                 else json_number(grad_norm),
                 lr=lr,
+                lr_scheduled=lr_scheduled,
                 loss_scale=loss_scale,
                 event=event,
             )

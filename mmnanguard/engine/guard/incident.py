@@ -2,6 +2,7 @@
 """Write one folder per incident under ``{work_dir}/nanguard/``."""
 
 import json
+import logging
 import os
 import os.path as osp
 from typing import Any, Dict, Optional
@@ -74,7 +75,9 @@ class IncidentRecorder:
         os.makedirs(folder, exist_ok=True)
         report['report_path'] = osp.join(folder, REPORT_NAME)
         if batch is not None:
-            _atomic_torch_save(batch, osp.join(folder, BATCH_NAME))
+            batch_path = osp.join(folder, BATCH_NAME)
+            _atomic_torch_save(batch, batch_path)
+            _warn_if_refused(batch_path)
         tmp = osp.join(folder, REPORT_NAME + '.tmp')
         with open(tmp, 'w') as f:
             json.dump(report, f, indent=2, default=str)
@@ -87,6 +90,44 @@ def _atomic_torch_save(obj: Any, path: str) -> None:
     tmp = path + '.tmp'
     torch.save(obj, tmp)
     os.replace(tmp, path)
+
+
+def replay_refusal(batch_path: str) -> Optional[str]:
+    """Why offline replay would refuse ``batch_path``, or None.
+
+    ``batch.pth`` is read back with ``weights_only=True`` and an allowlist
+    of data classes; a batch holding anything else (say, a custom object
+    in a dataset's metainfo) is refused. This says so when the file is
+    written, not when someone replays it.
+
+    Args:
+        batch_path (str): A ``batch.pth`` just written.
+
+    Returns:
+        str | None: The refusal, naming the file and the globals outside
+        the allowlist; None when replay will load the file.
+    """
+    from ..diagnosis.incident_files import (
+        UntrustedIncidentError,
+        check_batch_globals,
+    )
+
+    try:
+        check_batch_globals(batch_path)
+    except UntrustedIncidentError as err:
+        return str(err)
+    return None
+
+
+def _warn_if_refused(batch_path: str) -> None:
+    refusal = replay_refusal(batch_path)
+    if refusal is not None:
+        print_log(
+            'nanguard: offline replay (tools/replay.py, load_incident) '
+            f'will refuse this incident batch. {refusal}',
+            logger='current',
+            level=logging.WARNING,
+        )
 
 
 def load_report(folder: str) -> Dict[str, Any]:

@@ -68,6 +68,7 @@ def build_report(
     data_batch: Any,
     local_fault: bool,
     history: List[Dict[str, Any]],
+    stage: Optional[Dict[str, Any]] = None,
     extra: Optional[Dict[str, Any]] = None,
 ) -> Dict[str, Any]:
     """The incident's ``report.json`` content.
@@ -83,6 +84,9 @@ def build_report(
         data_batch: The batch as the model received it.
         local_fault (bool): Whether this rank saw the value itself.
         history (list): The ring buffer of recent iterations.
+        stage (dict, optional): :func:`~.stage.live_stage`'s ``stage``
+            (where the first non-finite value was seen) and ``live`` (the
+            evidence), written as the report keys of the same names.
         extra (dict, optional): More keys (e.g. non-finite tensor paths).
     """
     from mmengine.dist import get_rank, get_world_size
@@ -94,6 +98,8 @@ def build_report(
         world_size=get_world_size(),
         local_fault=local_fault,
         kind=kind,
+        stage=(stage or {}).get('stage'),
+        live=(stage or {}).get('live'),
         action=action,
         reason=reason,
         loss_terms={k: json_number(v) for k, v in terms.items()},
@@ -119,7 +125,8 @@ def describe(report: Dict[str, Any]) -> str:
     path = report.get('report_path') or '(not written: max_incidents)'
     return (
         f"{report['kind']} at iteration {report['iteration']} "
-        f"(epoch {report['epoch']}, rank {report['rank']}): non-finite "
+        f"(epoch {report['epoch']}, rank {report['rank']}, stage "
+        f"{report.get('stage')}): non-finite "
         f'loss terms: {terms_txt}; grad_norm={report["grad_norm"]}; '
         f"action: {report['action']} ({report['reason']}); "
         f'incident report: {path}'

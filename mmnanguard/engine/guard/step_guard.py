@@ -36,6 +36,19 @@ class IterationRecord:
     veto: Optional[str] = None
     #: Which check vetoed: ``'loss'`` or ``'grad'``.
     veto_stage: Optional[str] = None
+    #: Finiteness of the inputs and targets after the data preprocessor, a
+    #: 0-dim tensor not yet read (see ``guard/input_check.py``).
+    inputs_flag: Optional[torch.Tensor] = None
+    #: ``inputs_flag`` read on the host (with the loss check), or None.
+    inputs_finite: Optional[bool] = None
+
+    def read_inputs_flag(self) -> Optional[bool]:
+        """``inputs_finite``, reading ``inputs_flag`` when the loss check
+        did not (e.g. a parameter incident of a model without a loss
+        check)."""
+        if self.inputs_finite is None and self.inputs_flag is not None:
+            self.inputs_finite = bool(self.inputs_flag)
+        return self.inputs_finite
 
 
 #: A veto inspects the record (and the loss or grad norm) and returns the
@@ -69,8 +82,19 @@ class StepGuard:
         self.record = IterationRecord()
 
     def loss_is_finite(self, loss: torch.Tensor) -> bool:
-        """Whether backward may run on ``loss`` (agreed by all ranks)."""
-        local_bad = not bool(torch.isfinite(loss.detach()).all())
+        """Whether backward may run on ``loss`` (agreed by all ranks).
+
+        The inputs' finiteness flag of the iteration is read in the same
+        host transfer (it costs no extra sync).
+        """
+        flags = [torch.isfinite(loss.detach()).all()]
+        inputs = self.record.inputs_flag
+        if inputs is not None:
+            flags.append(inputs.to(flags[0].device))
+        values = torch.stack(flags).tolist()
+        if inputs is not None:
+            self.record.inputs_finite = bool(values[1])
+        local_bad = not values[0]
         bad = any_rank(local_bad)
         self.record.local_loss_nonfinite |= local_bad
         self.record.loss_nonfinite |= bad

@@ -1,6 +1,6 @@
 # Copyright (c) mmnanguard contributors. All rights reserved.
 """NanDiagnosisHook: name the first module, loss term and sample that went
-non-finite, and why."""
+non-finite, where and why, for every distinct incident."""
 
 import os.path as osp
 import traceback
@@ -12,7 +12,9 @@ from mmengine.hooks import Hook
 from mmnanguard.registry import HOOKS, register_shared
 
 from ..diagnosis import amp_settings, diagnose, replay_model, write_diagnosis
+from ..diagnosis.distinct import DiagnosisLog
 from ..diagnosis.incident_files import write_report_json
+from ..diagnosis.report_md import write_repeat_markdown
 from ..guard.finite import nonfinite_paths
 from .nanguard_hook import NanGuardHook
 
@@ -29,8 +31,9 @@ class NanDiagnosisHook(Hook):
     while training is healthy: no module carries a hook and no stage of
     this hook is called per iteration.
 
-    On each of the first ``diagnose_incidents`` incidents (kinds
-    ``nonfinite_loss``, ``nonfinite_grad``, ``nonfinite_params``) the
+    On every distinct incident, up to ``max_diagnoses`` (an incident is
+    distinct when its samples, kind or live stage differ from one already
+    diagnosed, see :mod:`mmnanguard.engine.diagnosis.distinct`), the
     listener replays the incident's batch on the model (state, gradients
     and modes restored afterwards), from the state just before the bad
     update (see
@@ -38,30 +41,37 @@ class NanDiagnosisHook(Hook):
     states, under forward hooks and output-gradient hooks on every module;
     checks the batch's pixels, boxes, labels and segmentation maps; under
     AMP replays once more in fp32; and classifies the cause (``data``,
-    ``forward``, ``loss``, ``backward``, ``explosion``, ``transient``).
-    It writes ``cause``, ``evidence`` and ``diagnosis`` into
-    ``report.json``, adds ``report.md`` and ``timeline.png``, and, for
-    ``tools/replay.py``, the run's config (``config.py``) and the replayed
-    weights (``model.pth``, a plain state dict) to the incident folder. The
-    verdict is logged as an error.
+    ``forward``, ``loss``, ``backward``, ``explosion``, ``transient``,
+    ``optimizer``), the ``stage`` and whether the replay ``reproduced`` it.
+    It writes ``cause``, ``stage``, ``reproduced``, ``evidence`` and
+    ``diagnosis`` into ``report.json``, adds ``report.md`` and
+    ``timeline.png``, and, for ``tools/replay.py``, the run's config
+    (``config.py``) and the replayed weights (``model.pth``, a plain state
+    dict) to the incident folder. The verdict is logged as an error. A
+    repeat of a diagnosed incident gets ``repeat_of`` (the earlier folder,
+    iteration, cause and stage) in its ``report.json`` and a ``report.md``
+    saying so, without a replay.
 
     A diagnosis that fails is logged with its traceback and recorded as
     ``diagnosis_error`` in ``report.json``; training goes on under the
     guard's policy.
 
     Args:
-        diagnose_incidents (int): Incidents diagnosed, the first ones.
-            Defaults to 1.
+        max_diagnoses (int): Distinct incidents diagnosed at most.
+            Defaults to 5.
         fp32_replay (bool): Under AMP, also replay in fp32 (tells an fp16
             overflow from a math error). Defaults to True.
         anomaly (bool): Replay under ``torch.autograd.detect_anomaly`` (the
             failing backward op and its forward traceback). Defaults to
             False.
-        explosion_ratio (float): Growth of the gradient norm over the
-            buffered iterations that counts as an explosion. Defaults to
-            100 (two orders of magnitude).
+        explosion_ratio (float): Growth of the gradient norm or the loss
+            over the buffered iterations, or lr over what the param
+            schedulers prescribe, that counts as an explosion. Defaults
+            to 100 (two orders of magnitude).
         save_model (bool): Write the replayed weights to ``model.pth``.
             Defaults to True.
+        diagnose_incidents (int, optional): The former name of
+            ``max_diagnoses``; when given, it is used instead.
 
     Example:
         >>> custom_hooks = [dict(type='NanGuardHook', policy='skip'),
@@ -72,17 +82,24 @@ class NanDiagnosisHook(Hook):
 
     def __init__(
         self,
-        diagnose_incidents: int = 1,
+        max_diagnoses: int = 5,
         fp32_replay: bool = True,
         anomaly: bool = False,
         explosion_ratio: float = 100.0,
         save_model: bool = True,
+        diagnose_incidents: Optional[int] = None,
     ) -> None:
-        if not isinstance(diagnose_incidents, int) or diagnose_incidents < 0:
+        key = 'max_diagnoses'
+        if diagnose_incidents is not None:
+            key, max_diagnoses = 'diagnose_incidents', diagnose_incidents
+        if (
+            not isinstance(max_diagnoses, int)
+            or isinstance(max_diagnoses, bool)
+            or max_diagnoses < 0
+        ):
             raise ValueError(
-                'NanDiagnosisHook: diagnose_incidents='
-                f'{diagnose_incidents!r} is invalid; expected '
-                'an integer >= 0'
+                f'NanDiagnosisHook: {key}={max_diagnoses!r} is invalid; '
+                'expected an integer >= 0'
             )
         if not explosion_ratio > 1:
             raise ValueError(
@@ -90,12 +107,12 @@ class NanDiagnosisHook(Hook):
                 f'{explosion_ratio!r} is invalid; expected a '
                 'number > 1'
             )
-        self.diagnose_incidents = diagnose_incidents
+        self.max_diagnoses = max_diagnoses
+        self.log = DiagnosisLog(max_diagnoses)
         self.fp32_replay = fp32_replay
         self.anomaly = anomaly
         self.explosion_ratio = float(explosion_ratio)
         self.save_model = save_model
-        self.diagnosed = 0
         self.guard: Optional[NanGuardHook] = None
 
     def before_train(self, runner) -> None:
@@ -114,7 +131,7 @@ class NanDiagnosisHook(Hook):
         self, runner, report: Dict[str, Any], folder: Optional[str]
     ) -> None:
         """The listener: diagnose, write the files, log the verdict."""
-        if folder is None or self.diagnosed >= self.diagnose_incidents:
+        if folder is None:
             return
         if report['kind'] == 'nonfinite_checkpoint':
             runner.logger.info(
@@ -122,7 +139,25 @@ class NanDiagnosisHook(Hook):
                 'is not a training step; nothing to replay'
             )
             return
-        self.diagnosed += 1
+        earlier = self.log.repeat_of(report)
+        if earlier is not None:
+            report['repeat_of'] = earlier
+            write_report_json(report, folder)
+            write_repeat_markdown(report, folder)
+            runner.logger.warning(
+                f"NanGuard diagnosis: the incident at iteration "
+                f"{report['iteration']} repeats {earlier['folder']} "
+                f"(cause {earlier['cause']}, stage {earlier['stage']}): "
+                'same samples, kind and stage'
+            )
+            return
+        if self.log.full:
+            report['diagnosis_skipped'] = (
+                f'max_diagnoses={self.max_diagnoses} distinct incidents '
+                'were diagnosed already'
+            )
+            write_report_json(report, folder)
+            return
         try:
             self._diagnose(runner, report, folder)
         except Exception as err:  # noqa: BLE001  (logged and recorded)
@@ -133,6 +168,7 @@ class NanDiagnosisHook(Hook):
                 'on under the guard policy:\n'
                 f'{traceback.format_exc()}'
             )
+        self.log.add(report, folder)
 
     def _diagnose(self, runner, report: Dict[str, Any], folder: str) -> None:
         guard = self.guard

@@ -24,14 +24,17 @@ from ..guard import (
 from ..guard.distributed import any_rank
 from ..guard.exceptions import TrainingSpikeError
 from ..guard.finite import nonfinite_paths, optimizer_params, total_norm
+from ..guard.input_check import capture_input_finiteness
 from ..guard.loss_terms import capture_loss_terms
 from ..guard.lr_backoff import LrBackoff, non_chaining_schedulers
 from ..guard.policy import PARAM_KINDS, VETO_KINDS, decide_action
 from ..guard.report import build_report, describe, loss_terms_of
 from ..guard.rng import capture_rng_state
+from ..guard.scheduled_lr import ScheduledLr
 from ..guard.snapshot import unwrap_model, write_runner_state
 from ..guard.snapshot_store import SnapshotStore
 from ..guard.spike_detector import SpikeDetector
+from ..guard.stage import live_stage
 from ..optimizers import install_step_guard, optim_wrapper_members
 
 DATA_BATCH = Optional[Any]
@@ -77,6 +80,9 @@ class NanGuardHook(Hook):
     wrapper, each member of an ``OptimWrapperDict`` included) checks
 
     * the total loss, before backward: a non-finite loss skips backward;
+      in the same host transfer, whether the inputs and boxes after the
+      data preprocessor were finite (the ``stage`` of an incident, see
+      :mod:`~mmnanguard.engine.guard.stage`);
     * the global gradient norm, before the step: ``clip_grad``'s own norm
       when configured, else one fused pass; a non-finite norm drops the
       step and zeroes the gradients. Under ``AmpOptimWrapper`` the
@@ -122,6 +128,10 @@ class NanGuardHook(Hook):
         self.last_good_checkpoint: Optional[str] = None
         self.consecutive_skips = 0
         self.last_report: Optional[Dict[str, Any]] = None
+        #: The snapshot the last rollback (or raise) restored.
+        self.last_restored: Optional[TrainingSnapshot] = None
+        self.scheduled_lr = ScheduledLr()
+        self._base_lr: Optional[float] = None
         self._data_batch: DATA_BATCH = None
         self._rng_state: Optional[Dict[str, Any]] = None
         #: Called as ``listener(runner, report, folder)`` after an incident
@@ -143,6 +153,8 @@ class NanGuardHook(Hook):
         self.step_guard = StepGuard(names, self.settings.top_k_grads)
         install_step_guard(runner.optim_wrapper, self.step_guard)
         capture_loss_terms(model, self.step_guard)
+        capture_input_finiteness(runner.model, self.step_guard)
+        self._base_lr = self._first_lr(runner)
         if self.spike_detector is not None:
             self._install_spike_detector(runner)
         for name in non_chaining_schedulers(runner):
@@ -209,6 +221,9 @@ class NanGuardHook(Hook):
             record.grad_norm,
             self._first_lr(runner),
             record.loss_scale,
+            lr_scheduled=self.scheduled_lr.read(
+                runner, self._base_lr, self.lr_backoff.multiplier
+            ),
         )
         spikes = self.spike_detector.detections if self.spike_detector else []
         if spikes and record.veto is None:  # action='log'
@@ -371,6 +386,7 @@ class NanGuardHook(Hook):
             or kind.endswith('params')
             or bool(extra and extra.get('spikes')),
             history=self.history.to_list(),
+            stage=live_stage(kind, record),
             extra=extra,
         )
         batch = None
@@ -392,6 +408,7 @@ class NanGuardHook(Hook):
                 # the step already made the weights non-finite: leave the
                 # last known-good ones in memory before stopping
                 self.snapshots.newest.restore(runner)
+                self.last_restored = self.snapshots.newest
                 message += (
                     '; the weights in memory were restored to iteration '
                     f'{self.snapshots.newest.iteration}'
@@ -443,6 +460,7 @@ class NanGuardHook(Hook):
             else TrainingSnapshot.from_checkpoint(runner, source)
         )
         state.restore(runner)
+        self.last_restored = state
         for wrapper in optim_wrapper_members(runner.optim_wrapper):
             wrapper.optimizer.zero_grad(set_to_none=True)
             wrapper._nanguard_poisoned = False

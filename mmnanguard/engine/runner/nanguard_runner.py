@@ -28,15 +28,25 @@ What the runner adds, from the top-level ``nanguard = dict(...)`` key
 * every hook of ``nanguard.hooks`` (``when='amp'``: only when an optim
   wrapper is an ``AmpOptimWrapper``). Adding a hook to the default
   protection is one line in ``configs/_base_/nanguard.py``;
-* with ``check_labels=True``, ``CheckedCrossEntropyLoss`` for every
-  upstream ``CrossEntropyLoss`` of the model (same loss; out-of-range labels
-  such as a Cityscapes 255 raise an error naming the value);
+* with ``check_labels=True``, every upstream ``CrossEntropyLoss`` module
+  of the built model that takes class labels is wrapped by a
+  ``CheckedCrossEntropyLoss`` (same module, same loss; out-of-range labels
+  such as a Cityscapes 255 raise an error naming the value); mask losses
+  (``use_mask=True``) and binary targets are left alone;
 * with ``module_swaps=[dict(replace='mmdet.FocalLoss',
   by='StableFocalLoss'), ...]``, the drop-in safe modules for the upstream
   ones (``configs/_base_/safe_modules/``);
 * with ``validate_annotations=dict(...)``, a ``ValidateAnnotations``
-  transform before the ``Pack*Inputs`` transform of the training pipeline,
-  ``num_classes``/``angle_version``/``ignore_index`` taken from the model.
+  transform before the ``Pack*Inputs`` transform of the training pipeline
+  and of a ``PipelineSwitchHook``'s ``switch_pipeline``, with
+  ``num_classes``/``angle_version``/``ignore_index`` read off the built
+  model (the dataloader is built only in ``train()``).
+
+Nothing here refuses a config: a check that cannot be set up (no head
+tells ``num_classes``) is turned off with one WARNING naming the config
+line that turns it back on. The rewrites are the functions of
+:mod:`.rewrite`; :func:`~.rewrite.rewrite_config` applies them to a config
+without training.
 
 The optim wrapper is left as configured: the guard's step guard is
 installed into whatever wrapper is built (``OptimWrapper``,
@@ -47,26 +57,37 @@ touched either, so epoch- and iteration-based loops both work.
 
 import copy
 import logging
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional
 
+import torch.nn as nn
 from mmengine.logging import print_log
+from mmengine.model import is_model_wrapper
 from mmengine.optim import AmpOptimWrapper, OptimWrapperDict
 from mmengine.runner import Runner
 
+from mmnanguard.optional import require_packages
 from mmnanguard.registry import HOOKS, RUNNERS, register_shared
 
 from ..hooks import NanGuardHook
-from .config_rewrites import (
-    infer_validate_settings,
-    insert_validate_annotations,
-    swap_cross_entropy,
-    swap_module_types,
-)
+from .model_facts import read_model_facts
 from .protection import ProtectionSettings
+from .rewrite import (
+    Note,
+    insert_into_dataloader,
+    insert_into_switch_pipelines,
+    protect_built_model,
+    rewrite_model_config,
+    validate_transform,
+)
 
 
 def _log(msg: str, level: int = logging.INFO) -> None:
     print_log(f'NanGuardRunner: {msg}', logger='current', level=level)
+
+
+def _log_notes(notes: List[Note]) -> None:
+    for level, note in notes:
+        _log(note, level)
 
 
 @register_shared(RUNNERS)
@@ -94,65 +115,57 @@ class NanGuardRunner(Runner):
         **kwargs: Any,
     ) -> None:
         cfg = kwargs.get('cfg') or {}
+        require_packages(cfg, getattr(cfg, 'filename', None))
         if nanguard is None:
             nanguard = cfg.get('nanguard')
         self.protection = ProtectionSettings.from_dict(nanguard)
-        #: What the rewrites changed, logged once the logger exists.
-        self.protection_notes = []
-        if self.protection.enabled:
-            self._rewrite(kwargs, cfg)
+        #: Every rewrite note (log level, message), in order.
+        self.protection_notes: List[Note] = []
+        #: The ValidateAnnotations config inserted (None: none).
+        self.validate_transform: Optional[Dict[str, Any]] = None
+        self._model_protected = False
+        model = kwargs.get('model')
+        if self.protection.enabled and isinstance(model, dict):
+            kwargs['model'] = model = copy.deepcopy(model)
+            self.protection_notes += rewrite_model_config(
+                model, self.protection, kwargs.get('default_scope')
+            )
         super().__init__(*args, **kwargs)
 
-    # -- before building ------------------------------------------------------
-    def _rewrite(self, kwargs: Dict[str, Any], cfg: Dict[str, Any]) -> None:
-        """Apply the config rewrites to copies of the model and dataloader
-        configs that ``Runner.__init__`` is about to receive."""
-        p = self.protection
-        model = kwargs.get('model')
-        if (p.check_labels or p.module_swaps) and isinstance(model, dict):
-            kwargs['model'] = model = copy.deepcopy(model)
-        if p.check_labels and isinstance(model, dict):
-            swapped = swap_cross_entropy(model)
-            if swapped:
-                self.protection_notes.append(
-                    (
-                        logging.INFO,
-                        f'CheckedCrossEntropyLoss swapped in at {swapped}',
-                    )
-                )
-        if p.module_swaps and isinstance(model, dict):
-            swaps = {s['replace']: s['by'] for s in p.module_swaps}
-            done = swap_module_types(model, swaps)
-            self.protection_notes.append(
-                (logging.INFO, f'module swaps: {done}')
-                if done
-                else (
-                    logging.WARNING,
-                    f'module_swaps matched no module of the model: {swaps}',
-                )
-            )
-        loader = kwargs.get('train_dataloader')
-        if p.validate_annotations is not None and isinstance(loader, dict):
-            transform = infer_validate_settings(
-                dict(cfg, model=model), p.validate_annotations
-            )
-            kwargs['train_dataloader'] = loader = copy.deepcopy(loader)
-            changed, why_not = insert_validate_annotations(loader, transform)
-            if changed:
-                self.protection_notes.append(
-                    (
-                        logging.INFO,
-                        f'{transform} inserted before '
-                        f'Pack*Inputs in {changed} training pipeline(s)',
-                    )
-                )
-            else:
-                self.protection_notes.append(
-                    (
-                        logging.WARNING,
-                        f'ValidateAnnotations not inserted: {why_not}',
-                    )
-                )
+    def _note(self, notes: List[Note]) -> None:
+        self.protection_notes += notes
+        _log_notes(notes)
+
+    # -- after the model is built, before the dataloader ---------------------
+    def build_model(self, model: Any) -> nn.Module:
+        """Build the model (as ``Runner``), then, once: check its labels
+        and complete ``ValidateAnnotations`` from it in the training
+        dataloader config.
+
+        Args:
+            model (nn.Module | dict): As in ``Runner.build_model``.
+
+        Returns:
+            nn.Module: The built model.
+        """
+        model = super().build_model(model)
+        if not self.protection.enabled or self._model_protected:
+            return model
+        self._model_protected = True
+        _log_notes(self.protection_notes)
+        inner = model.module if is_model_wrapper(model) else model
+        notes = protect_built_model(inner, self.protection)
+        transform, more = validate_transform(
+            self.protection, read_model_facts(inner)
+        )
+        notes += more
+        loader = self._train_dataloader
+        if isinstance(loader, dict):
+            self._train_dataloader = loader = copy.deepcopy(loader)
+        notes += insert_into_dataloader(loader, transform)
+        self.validate_transform = transform
+        self._note(notes)
+        return model
 
     # -- hooks -------------------------------------------------------------
     def register_hooks(
@@ -167,8 +180,6 @@ class NanGuardRunner(Runner):
             custom_hooks (list, optional): As in ``Runner``; not modified.
         """
         super().register_hooks(default_hooks, custom_hooks)
-        for level, note in self.protection_notes:
-            _log(note, level)
         if not self.protection.enabled:
             _log("policy='off': no protection added", logging.WARNING)
             return
@@ -195,6 +206,12 @@ class NanGuardRunner(Runner):
                 )
                 continue
             self.register_hook(hook)
+        for hook in self._hooks:
+            if isinstance(getattr(hook, 'switch_pipeline', None), list):
+                hook.switch_pipeline = copy.deepcopy(hook.switch_pipeline)
+        self._note(
+            insert_into_switch_pipelines(self._hooks, self.validate_transform)
+        )
         names = [type(h).__name__ for h in self._hooks]
         _log(f'protection active, hooks in order: {names}')
 

@@ -32,8 +32,9 @@ class ProtectionSettings:
         hooks (list[dict]): More protection hooks, each a hook config with
             an optional ``when`` (``'always'`` or ``'amp'``: only when the
             optim wrapper is an AMP wrapper).
-        check_labels (bool): Swap every ``CrossEntropyLoss`` of the model
-            for the drop-in ``CheckedCrossEntropyLoss``.
+        check_labels (bool): Wrap every built upstream
+            ``CrossEntropyLoss`` that takes class labels (not
+            ``use_mask=True``) in the drop-in ``CheckedCrossEntropyLoss``.
         validate_annotations (dict, optional): Settings of the
             ``ValidateAnnotations`` transform inserted into the training
             pipeline; None inserts nothing.

@@ -33,6 +33,47 @@ def default_protection() -> Dict[str, Any]:
     return Config.fromfile(path).to_dict()['nanguard']
 
 
+def merge_settings(
+    defaults: Dict[str, Any], given: Optional[Dict[str, Any]]
+) -> Dict[str, Any]:
+    """``given`` merged over ``defaults``, nested dicts key by key (the way
+    mmengine merges a config over its bases), so that a
+    ``--cfg-options nanguard.spike.action=skip`` keeps the other spike
+    settings and every other key.
+
+    Args:
+        defaults (dict): The include's ``nanguard`` dict.
+        given (dict, optional): What the config (or ``--cfg-options``) set.
+
+    Returns:
+        dict: A new dict.
+    """
+    merged = dict(defaults)
+    for key, value in (given or {}).items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = merge_settings(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def protect_with_defaults(cfg: Config) -> None:
+    """Select :class:`NanGuardRunner` with the include's settings, keeping
+    every ``nanguard`` option ``cfg`` already has (in place)."""
+    cfg.runner_type = RUNNER_TYPE
+    cfg.nanguard = merge_settings(
+        default_protection(), _plain(cfg.get('nanguard'))
+    )
+
+
+def _plain(value: Any) -> Optional[Dict[str, Any]]:
+    if value is None:
+        return None
+    if hasattr(value, 'to_dict'):
+        return value.to_dict()
+    return dict(value)
+
+
 def uses_nanguard_runner(cfg: Config) -> bool:
     """Whether ``cfg`` selects :class:`NanGuardRunner`."""
     return cfg.get('runner_type') in _RUNNER_NAMES
@@ -72,8 +113,7 @@ def apply_guard_option(cfg: Config, guard: Optional[str]) -> str:
                 f'runner_type={RUNNER_TYPE!r}. Add NanGuardHook to '
                 'custom_hooks instead.'
             )
-        cfg.runner_type = RUNNER_TYPE
-        cfg.nanguard = default_protection()
+        protect_with_defaults(cfg)
     nanguard = dict(cfg.get('nanguard') or {})
     nanguard['policy'] = guard
     cfg.nanguard = nanguard
@@ -88,6 +128,22 @@ def check_protection(cfg: Config) -> None:
     """
     if uses_nanguard_runner(cfg):
         ProtectionSettings.from_dict(cfg.get('nanguard'))
+
+
+def build_for_training(runner) -> None:
+    """Build what ``Runner.train`` builds first: the train loop (with its
+    dataloader and dataset) and the optim wrapper, so that a config that
+    cannot train fails here, before anything is trained.
+
+    ``Runner.train`` reuses both (mmengine's builders return a built object
+    as it is). The param schedulers are left to it: they must be built
+    after ``auto_scale_lr`` has scaled the learning rates.
+
+    Args:
+        runner: The built runner.
+    """
+    if runner.train_loop is not None and runner.optim_wrapper is not None:
+        runner.optim_wrapper = runner.build_optim_wrapper(runner.optim_wrapper)
 
 
 def apply_amp_option(cfg: Config) -> str:
@@ -138,12 +194,8 @@ def apply_smoke_test(cfg: Config, iters: int) -> None:
     cfg.randomness = dict(seed=0 if seed is None else seed)
     if cfg.get('log_processor') is not None:
         cfg.log_processor.by_epoch = False
-    if (
-        not uses_nanguard_runner(cfg)
-        or (cfg.get('nanguard') or {}).get('policy') == OFF
-    ):
-        cfg.runner_type = RUNNER_TYPE
-        cfg.nanguard = default_protection()
+    if not uses_nanguard_runner(cfg):
+        protect_with_defaults(cfg)
     nanguard = dict(cfg.nanguard)
     nanguard.update(
         policy='skip',

@@ -123,8 +123,9 @@ class CheckedCrossEntropyLoss(nn.Module):
     - sigmoid, mmdet: ``C + 1`` (label ``C`` is background);
     - sigmoid, mmseg: ``2`` for a single channel, else ``C``.
 
-    Not checked: targets of the same shape as ``cls_score`` (they are
-    targets, not indices) and ``use_mask=True``.
+    Not checked: targets of the same shape as ``cls_score`` or of a
+    floating dtype (they are targets, not indices) and ``use_mask=True``.
+    :meth:`wrapping` checks an upstream loss that is already built.
 
     Args:
         impl (str, optional): 'mmdet' or 'mmseg': which upstream loss to
@@ -200,6 +201,49 @@ class CheckedCrossEntropyLoss(nn.Module):
         self.use_sigmoid = use_sigmoid
         self.use_mask = use_mask
 
+    @classmethod
+    def wrapping(cls, loss: nn.Module, impl: str) -> 'CheckedCrossEntropyLoss':
+        """Check the labels of an already built upstream loss.
+
+        The returned module computes with ``loss`` itself (same arguments,
+        same class weights), so it replaces ``loss`` in a built model.
+
+        Args:
+            loss (nn.Module): An upstream ``CrossEntropyLoss`` of ``impl``.
+            impl (str): 'mmdet' or 'mmseg'.
+
+        Returns:
+            CheckedCrossEntropyLoss: The checking module.
+
+        Raises:
+            ValueError: ``impl`` is neither 'mmdet' nor 'mmseg'.
+        """
+        if impl not in _IMPLS:
+            raise ValueError(
+                "CheckedCrossEntropyLoss: impl must be 'mmdet' "
+                f"or 'mmseg', got {impl!r}"
+            )
+        checked = cls.__new__(cls)
+        nn.Module.__init__(checked)
+        checked.impl = impl
+        checked.ignore_index = getattr(loss, 'ignore_index', None)
+        checked._loss_name = getattr(loss, '_loss_name', 'loss_ce')
+        checked.loss = loss
+        checked.use_sigmoid = bool(getattr(loss, 'use_sigmoid', False))
+        checked.use_mask = bool(getattr(loss, 'use_mask', False))
+        return checked
+
+    def __getattr__(self, name: str) -> Any:
+        """Attributes the heads read off their loss (``class_weight``,
+        ``reduction``, ...) come from the upstream loss."""
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            loss = self.__dict__.get('_modules', {}).get('loss')
+            if loss is None:
+                raise
+            return getattr(loss, name)
+
     def extra_repr(self) -> str:
         """Extra repr."""
         return f'impl={self.impl!r}, ignore_index={self.ignore_index}'
@@ -254,15 +298,20 @@ class CheckedCrossEntropyLoss(nn.Module):
         """
         if ignore_index is None:
             ignore_index = self.ignore_index
-        if ignore_index is None:
-            ignore_index = _TORCH_DEFAULT_IGNORE
-        if not self.use_mask and label.dim() != cls_score.dim():
+        checked_ignore = (
+            _TORCH_DEFAULT_IGNORE if ignore_index is None else ignore_index
+        )
+        if self.takes_class_labels(cls_score, label):
             check_cross_entropy_labels(
                 label,
                 self.num_label_classes(cls_score),
-                ignore_index,
+                checked_ignore,
                 name=f'CheckedCrossEntropyLoss({self.impl})',
             )
+        if self.impl == 'mmseg':
+            # mmseg's kernels need an int; mmdet's take None as -100 and
+            # its mask cross-entropy refuses anything but None
+            ignore_index = checked_ignore
         return self.loss(
             cls_score,
             label,
@@ -271,6 +320,24 @@ class CheckedCrossEntropyLoss(nn.Module):
             reduction_override=reduction_override,
             ignore_index=ignore_index,
             **kwargs,
+        )
+
+    def takes_class_labels(self, cls_score: Tensor, label: Tensor) -> bool:
+        """Whether ``label`` holds class indices for ``cls_score``: not a
+        mask loss, one dimension less than the scores, an integer dtype
+        (binary targets of the scores' shape are not class labels).
+
+        Args:
+            cls_score (Tensor): Class scores.
+            label (Tensor): The targets passed with them.
+
+        Returns:
+            bool: True where the labels are checked.
+        """
+        return (
+            not self.use_mask
+            and label.dim() != cls_score.dim()
+            and not (label.is_floating_point() or label.is_complex())
         )
 
     @property

@@ -8,7 +8,7 @@ mask) and give ``inf / inf``. :class:`SafeDiceLoss` sums in fp32 with
 autocast disabled, and defines the 0/0 case.
 """
 
-from typing import Optional, Union
+from typing import Optional, Tuple, Union
 
 import torch
 import torch.nn as nn
@@ -93,26 +93,30 @@ def safe_dice_loss(
 class SafeDiceLoss(nn.Module):
     """Drop-in for ``mmdet.DiceLoss`` and ``mmseg.DiceLoss``.
 
-    Same value as upstream on normal inputs; finite loss and gradients when
-    the ground truth of an image or class is empty, when the prediction is
-    all zero (with any ``eps >= 0``), and for fp16/bf16 inputs or under
+    Accepts the arguments of both and returns what the one it replaces
+    returns wherever that is finite; finite loss and gradients when the
+    ground truth of an image or class is empty, when the prediction is all
+    zero (with any ``eps >= 0``), and for fp16/bf16 inputs or under
     autocast (sums in fp32). The loss of an empty ground truth with an
     all-zero prediction is 0 when ``eps=0`` (``1`` under V-Net's formula
     with ``eps > 0``, exactly as upstream).
 
-    Targets: a tensor of the same shape as ``pred``, or (mmseg) class
-    indices (N, H, W), which are one-hot encoded (a label outside
-    ``[0, C)`` that is not ``ignore_index`` raises a ``ValueError``, where
-    mmseg clamps it into range). Index targets equal to
-    ``ignore_index`` are left out of every sum (mmseg instead counts the
-    prediction on those pixels); for (N, C, H, W) predictions, if
-    ``ignore_index`` is a channel index, that channel is dropped, as mmseg
-    does (other shapes, e.g. mmdet's (N, H * W) masks, have no class
-    dimension and keep every element).
+    Targets: a tensor of the same shape as ``pred`` (mmdet's masks), or
+    (mmseg) class indices (N, H, W), one-hot encoded as mmseg does: labels
+    are clamped into ``[0, C]``, so a label ``>= C`` (such as 255) has an
+    all-zero target while the prediction on it still counts.
+    ``exclude_ignored=True`` instead leaves pixels labelled
+    ``ignore_index`` out of every sum and refuses other labels outside
+    ``[0, C)`` with a ``ValueError`` naming them. For (N, C, H, W)
+    predictions, if ``ignore_index`` is a channel index, that channel is
+    dropped, as mmseg does (mmdet's (N, P) or (N, H, W) masks have no class
+    dimension and keep every element). As in mmseg, the constructor's
+    ``ignore_index`` is the one used; ``forward``'s is accepted and
+    ignored.
 
     Args:
-        use_sigmoid (bool): Sigmoid (True) or softmax over dim 1 (False).
-            Defaults to True.
+        use_sigmoid (bool): Sigmoid (True) or softmax over dim 1 (False;
+            mmdet raises ``NotImplementedError`` there). Defaults to True.
         activate (bool): Whether to activate ``pred``. Defaults to True.
         reduction (str): 'none', 'mean' or 'sum'. Defaults to 'mean'.
         naive_dice (bool): First powers in the denominator.
@@ -123,6 +127,9 @@ class SafeDiceLoss(nn.Module):
         eps (float): Smoothing term, >= 0. Defaults to 1e-3.
         loss_name (str): Name of the loss item (mmseg).
             Defaults to 'loss_dice'.
+        exclude_ignored (bool): Leave ``ignore_index`` pixels of index
+            targets out of the sums and refuse out-of-range labels (see
+            above). Defaults to False.
     """
 
     def __init__(
@@ -135,6 +142,7 @@ class SafeDiceLoss(nn.Module):
         ignore_index: Optional[int] = 255,
         eps: float = 1e-3,
         loss_name: str = 'loss_dice',
+        exclude_ignored: bool = False,
     ) -> None:
         super().__init__()
         if eps < 0:
@@ -152,6 +160,7 @@ class SafeDiceLoss(nn.Module):
         self.ignore_index = ignore_index
         self.eps = eps
         self._loss_name = loss_name
+        self.exclude_ignored = exclude_ignored
 
     def forward(
         self,
@@ -165,7 +174,8 @@ class SafeDiceLoss(nn.Module):
         """Compute the loss.
 
         Pass ``avg_factor`` and ``reduction_override`` by keyword: mmdet
-        and mmseg order them differently.
+        and mmseg order them differently (every caller in mmdet and mmseg
+        passes them by keyword).
 
         Args:
             pred (Tensor): Prediction (N, *) or (N, C, H, W).
@@ -176,7 +186,8 @@ class SafeDiceLoss(nn.Module):
                 Defaults to None.
             reduction_override (str, optional): 'none', 'mean' or 'sum'.
                 Defaults to None.
-            ignore_index (int, optional): Overrides the constructor's.
+            ignore_index (int, optional): Accepted for mmseg's signature
+                and not used (mmseg uses the constructor's too).
                 Defaults to None.
 
         Returns:
@@ -188,8 +199,7 @@ class SafeDiceLoss(nn.Module):
                 f"'none', 'mean' or 'sum', got {reduction_override!r}"
             )
         reduction = reduction_override or self.reduction
-        if ignore_index is None:
-            ignore_index = self.ignore_index
+        ignore_index = self.ignore_index
         with torch.autocast(device_type=pred.device.type, enabled=False):
             pred = pred.float()
             if self.activate:
@@ -223,9 +233,11 @@ class SafeDiceLoss(nn.Module):
             )
         return self.loss_weight * loss
 
-    @staticmethod
-    def _one_hot(pred: Tensor, target: Tensor, ignore_index: Optional[int]):
-        """One-hot (N, H, W) indices to (N, C, H, W), and a valid mask."""
+    def _one_hot(
+        self, pred: Tensor, target: Tensor, ignore_index: Optional[int]
+    ) -> Tuple[Tensor, Optional[Tensor]]:
+        """One-hot (N, H, W) indices to (N, C, H, W), and the mask of the
+        elements to count (None: all)."""
         if target.dim() != pred.dim() - 1 or target.is_floating_point():
             raise ValueError(
                 'SafeDiceLoss: target must have the shape of pred '
@@ -234,6 +246,10 @@ class SafeDiceLoss(nn.Module):
                 f'{tuple(target.shape)} ({target.dtype})'
             )
         num_classes = pred.size(1)
+        if not self.exclude_ignored:
+            index = target.long().clamp(min=0, max=num_classes)
+            one_hot = F.one_hot(index, num_classes + 1)[..., :num_classes]
+            return one_hot.movedim(-1, 1), None
         check_cross_entropy_labels(
             target, num_classes, ignore_index, 'SafeDiceLoss'
         )

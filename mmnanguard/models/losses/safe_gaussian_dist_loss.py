@@ -235,14 +235,8 @@ class SafeGDLoss(nn.Module):
                     f'SafeGDLoss: {name} must be one of '
                     f'{allowed}, got {value!r}'
                 )
-        allowed_kwargs = {'normalize'} if loss_type == 'gwd' else {'sqrt'}
-        unknown = set(kwargs) - allowed_kwargs
-        if unknown:
-            raise ValueError(
-                f'SafeGDLoss({loss_type!r}): unknown options '
-                f'{sorted(unknown)}; allowed: {sorted(allowed_kwargs)}'
-            )
         self.loss_type = loss_type
+        self._check_options(kwargs)
         self.loss = self.BAG_GD_LOSS[loss_type]
         self.preprocess = self.BAG_PREP[representation]
         self.fun = fun
@@ -252,6 +246,16 @@ class SafeGDLoss(nn.Module):
         self.loss_weight = loss_weight
         self.kwargs = kwargs
 
+    def _check_options(self, options: Dict[str, Any]) -> None:
+        """Refuse loss-function options that ``loss_type`` does not take."""
+        allowed = {'normalize'} if self.loss_type == 'gwd' else {'sqrt'}
+        unknown = set(options) - allowed
+        if unknown:
+            raise ValueError(
+                f'SafeGDLoss({self.loss_type!r}): unknown options '
+                f'{sorted(unknown)}; allowed: {sorted(allowed)}'
+            )
+
     def forward(
         self,
         pred: Tensor,
@@ -259,6 +263,7 @@ class SafeGDLoss(nn.Module):
         weight: Optional[Tensor] = None,
         avg_factor: Optional[Union[int, float]] = None,
         reduction_override: Optional[str] = None,
+        **kwargs: Any,
     ) -> Tensor:
         """Compute the loss.
 
@@ -271,10 +276,17 @@ class SafeGDLoss(nn.Module):
                 Defaults to None.
             reduction_override (str, optional): 'none', 'mean' or 'sum'.
                 Defaults to None.
+            **kwargs: Options of the loss function for this call, over the
+                constructor's (as upstream): ``sqrt`` or ``normalize``.
 
         Returns:
             Tensor: The loss (fp32).
+
+        Raises:
+            ValueError: For a bad ``reduction_override``, shape or option.
         """
+        self._check_options(kwargs)
+        options = dict(self.kwargs, **kwargs)
         if reduction_override not in _REDUCTIONS:
             raise ValueError(
                 'SafeGDLoss: reduction_override must be None, '
@@ -308,7 +320,7 @@ class SafeGDLoss(nn.Module):
                 fun=self.fun,
                 tau=self.tau,
                 alpha=self.alpha,
-                **self.kwargs,
+                **options,
             )
             if weight is not None:
                 weight = weight.to(dtype)

@@ -5,9 +5,10 @@
 power ``gamma``. For saturated logits ``1 - p_t`` is exactly zero, and the
 gradient of ``pow`` there is ``inf * 0 = nan`` for ``gamma < 1``; under
 autocast the logits arrive in fp16/bf16; with ``activated=True`` a
-probability of exactly 0 or 1 meets a ``log``. :class:`StableFocalLoss`
-computes every factor in the log domain from ``logsigmoid``, in fp32 with
-autocast disabled.
+probability of exactly 0 or 1 meets the same ``pow``.
+:class:`StableFocalLoss` computes the modulating factor in the log domain
+(from ``logsigmoid`` for logits), in fp32 with autocast disabled, and
+returns mmdet's value wherever mmdet's is finite.
 """
 
 from typing import Optional, Tuple, Union
@@ -24,21 +25,47 @@ from .utils import safe_weight_reduce_loss
 _REDUCTIONS = (None, 'none', 'mean', 'sum')
 
 
-def _log_probs(
-    pred: Tensor, activated: bool, eps: float
-) -> Tuple[Tensor, Tensor]:
-    """Return ``(log p, log(1 - p))`` in fp32.
+def _logit_terms(
+    logits: Tensor, target: Tensor, alpha: float
+) -> Tuple[Tensor, Tensor, Tensor]:
+    """``(nll, log(1 - p_t), alpha_t)`` from logits, in fp32.
 
-    For logits, ``log p = logsigmoid(x)`` and ``log(1 - p) = log p - x``:
-    exact, finite for every finite ``x``. For probabilities (``activated``),
-    ``p`` is clamped to ``[eps, 1 - eps]`` first.
+    ``log p = logsigmoid(x)`` and ``log(1 - p) = log p - x``: exact and
+    finite for every finite ``x``. Class-index targets give a binary
+    one-hot (select, don't blend); soft targets blend in the log domain
+    (``log 0 = -inf`` contributes ``exp(-inf) = 0`` to ``logaddexp`` and to
+    its gradient).
     """
-    pred = pred.float()
-    if activated:
-        prob = pred.clamp(min=eps, max=1 - eps)
-        return prob.log(), torch.log1p(-prob)
-    log_p = F.logsigmoid(pred)
-    return log_p, log_p - pred
+    log_p = F.logsigmoid(logits)
+    log_1mp = log_p - logits
+    if target.dtype == torch.bool:
+        nll = -torch.where(target, log_p, log_1mp)
+        log_1mpt = torch.where(target, log_1mp, log_p)
+        alpha_t = torch.where(target, float(alpha), float(1 - alpha))
+        return nll, log_1mpt, alpha_t
+    t = target.float()
+    nll = -(t * log_p + (1 - t) * log_1mp)
+    log_1mpt = torch.logaddexp(t.log() + log_1mp, torch.log1p(-t) + log_p)
+    return nll, log_1mpt, alpha * t + (1 - alpha) * (1 - t)
+
+
+def _prob_terms(
+    prob: Tensor, target: Tensor, alpha: float, eps: float
+) -> Tuple[Tensor, Tensor, Tensor]:
+    """``(nll, log(1 - p_t), alpha_t)`` from probabilities, in fp32.
+
+    ``nll`` is ``F.binary_cross_entropy`` (upstream's value, its log
+    clamped at -100, and its gradient, finite at 0 and 1). ``1 - p_t`` is
+    floored at the smallest normal float before the ``log``, so the
+    modulating factor's gradient stays finite where it is 0.
+    """
+    if eps > 0:
+        prob = prob.clamp(min=eps, max=1 - eps)
+    t = target.float()
+    nll = F.binary_cross_entropy(prob, t, reduction='none')
+    one_m_pt = (1 - prob) * t + prob * (1 - t)
+    log_1mpt = one_m_pt.clamp(min=torch.finfo(torch.float32).tiny).log()
+    return nll, log_1mpt, alpha * t + (1 - alpha) * (1 - t)
 
 
 def stable_sigmoid_focal_loss(
@@ -50,7 +77,7 @@ def stable_sigmoid_focal_loss(
     reduction: str = 'mean',
     avg_factor: Optional[float] = None,
     activated: bool = False,
-    eps: float = 1e-6,
+    eps: float = 0.0,
 ) -> Tensor:
     """Sigmoid focal loss computed in the log domain, in fp32.
 
@@ -62,11 +89,14 @@ def stable_sigmoid_focal_loss(
 
     Args:
         pred (Tensor): Logits (or probabilities if ``activated``), shape
-            (N, C). Any floating dtype; computed in fp32.
+            (N, C), or any shape with targets of the same shape (mmdet's
+            one-hot (N, C, H, W) form). Any floating dtype; computed in
+            fp32.
         target (Tensor): Class indices of shape (N, ), where ``C`` means
-            background, or targets of shape (N, C) in ``[0, 1]``.
+            background, or targets of the shape of ``pred`` in ``[0, 1]``.
         weight (Tensor, optional): Weight of shape (N, ), (N, C) or
-            (N * C, ). Defaults to None.
+            (N * C, ) for (N, C) predictions, else of the shape of the
+            loss. Defaults to None.
         gamma (float): Focusing parameter. Defaults to 2.0.
         alpha (float): Balance of positives. Defaults to 0.25.
         reduction (str): 'none', 'mean' or 'sum'. Defaults to 'mean'.
@@ -74,8 +104,10 @@ def stable_sigmoid_focal_loss(
             Defaults to None.
         activated (bool): Whether ``pred`` holds probabilities.
             Defaults to False.
-        eps (float): Probabilities are clamped to ``[eps, 1 - eps]`` when
-            ``activated``; unused for logits. Defaults to 1e-6.
+        eps (float): If > 0, probabilities are clamped to
+            ``[eps, 1 - eps]`` when ``activated`` (a regularisation that
+            changes the value; upstream has none); unused for logits.
+            Defaults to 0.
 
     Returns:
         Tensor: The loss, in fp32.
@@ -84,38 +116,27 @@ def stable_sigmoid_focal_loss(
         ValueError: If ``pred``, ``target`` and ``weight`` have shapes that
             do not fit together.
     """
-    if pred.dim() != 2:
-        raise ValueError(
-            'stable_sigmoid_focal_loss: pred must have shape '
-            f'(N, C), got {tuple(pred.shape)}'
-        )
-    num_classes = pred.size(1)
-    log_p, log_1mp = _log_probs(pred, activated, eps)
-    if target.dim() == 1:
-        if target.size(0) != pred.size(0):
+    if target.dim() == 1 and target.shape != pred.shape:
+        if pred.dim() != 2 or target.size(0) != pred.size(0):
             raise ValueError(
-                'stable_sigmoid_focal_loss: target of shape '
-                f'{tuple(target.shape)} does not fit pred of shape '
-                f'{tuple(pred.shape)}; expected (N, ) class indices'
+                'stable_sigmoid_focal_loss: class-index targets of shape '
+                f'{tuple(target.shape)} need pred of shape (N, C) with the '
+                f'same N, got {tuple(pred.shape)}'
             )
-        # Class-index targets give a binary one-hot: select, don't blend.
-        is_pos = F.one_hot(target.long(), num_classes + 1)[:, :num_classes]
-        is_pos = is_pos.bool()
-        nll = -torch.where(is_pos, log_p, log_1mp)
-        log_1mpt = torch.where(is_pos, log_1mp, log_p)
-        alpha_t = torch.where(is_pos, float(alpha), float(1 - alpha))
-    elif target.shape == pred.shape:
-        # Soft or one-hot targets: blend in the log domain (log 0 = -inf
-        # contributes exp(-inf) = 0 to logaddexp and to its gradient).
-        t = target.float()
-        nll = -(t * log_p + (1 - t) * log_1mp)
-        log_1mpt = torch.logaddexp(t.log() + log_1mp, torch.log1p(-t) + log_p)
-        alpha_t = alpha * t + (1 - alpha) * (1 - t)
-    else:
+        num_classes = pred.size(1)
+        target = F.one_hot(target.long(), num_classes + 1)[:, :num_classes]
+        target = target.bool()
+    elif target.shape != pred.shape:
         raise ValueError(
-            'stable_sigmoid_focal_loss: target must have shape (N, ) or '
-            f'{tuple(pred.shape)}, got {tuple(target.shape)}'
+            'stable_sigmoid_focal_loss: target must be class indices of '
+            f'shape (N, ) or have the shape of pred {tuple(pred.shape)}, '
+            f'got {tuple(target.shape)}'
         )
+    if activated:
+        terms = _prob_terms(pred.float(), target, alpha, eps)
+    else:
+        terms = _logit_terms(pred.float(), target, alpha)
+    nll, log_1mpt, alpha_t = terms
     loss = nll * alpha_t * torch.exp(gamma * log_1mpt)
     if weight is not None:
         weight = _fit_weight(weight, loss).float()
@@ -126,10 +147,11 @@ def _fit_weight(weight: Tensor, loss: Tensor) -> Tensor:
     """Reshape ``weight`` as mmdet's focal loss does, or raise."""
     if weight.shape == loss.shape:
         return weight
-    if weight.dim() == 1 and weight.size(0) == loss.size(0):
-        return weight.view(-1, 1)
-    if weight.numel() == loss.numel():
-        return weight.view(loss.size(0), -1)
+    if loss.dim() == 2:
+        if weight.dim() == 1 and weight.size(0) == loss.size(0):
+            return weight.view(-1, 1)
+        if weight.numel() == loss.numel():
+            return weight.view(loss.size(0), -1)
     raise ValueError(
         f'StableFocalLoss: weight of shape {tuple(weight.shape)} fits '
         f'neither the loss shape {tuple(loss.shape)}, nor (N, ), nor N * C '
@@ -148,9 +170,9 @@ class StableFocalLoss(nn.Module):
     ``±1e4``, for fp16/bf16 inputs, and for probabilities of exactly 0 and 1
     when ``activated=True``. The returned loss is fp32.
 
-    What is clamped: with ``activated=True`` only, probabilities are
-    clamped to ``[eps, 1 - eps]`` (gradient zero outside). Logits are never
-    clamped.
+    Nothing is clamped by default: logits never, and probabilities
+    (``activated=True``) only with ``eps > 0``, an explicit regularisation
+    that changes the value where upstream's is finite.
 
     Args:
         use_sigmoid (bool): Must be True, as in mmdet. Defaults to True.
@@ -160,8 +182,8 @@ class StableFocalLoss(nn.Module):
         loss_weight (float): Weight of the loss. Defaults to 1.0.
         activated (bool): Whether the inputs are probabilities.
             Defaults to False.
-        eps (float): Clamp of probabilities when ``activated``.
-            Defaults to 1e-6.
+        eps (float): If > 0, clamp probabilities to ``[eps, 1 - eps]``
+            when ``activated``. Defaults to 0.
 
     Example:
         >>> # in an mmdet / mmrotate config, swap the type only:
@@ -178,7 +200,7 @@ class StableFocalLoss(nn.Module):
         reduction: str = 'mean',
         loss_weight: float = 1.0,
         activated: bool = False,
-        eps: float = 1e-6,
+        eps: float = 0.0,
     ) -> None:
         super().__init__()
         if use_sigmoid is not True:
@@ -195,9 +217,9 @@ class StableFocalLoss(nn.Module):
             raise ValueError(
                 f'StableFocalLoss: gamma must be >= 0, got ' f'{gamma!r}'
             )
-        if not 0 < eps < 0.5:
+        if not 0 <= eps < 0.5:
             raise ValueError(
-                f'StableFocalLoss: eps must lie in (0, 0.5), got {eps!r}'
+                f'StableFocalLoss: eps must lie in [0, 0.5), got {eps!r}'
             )
         self.use_sigmoid = use_sigmoid
         self.gamma = gamma
@@ -219,9 +241,9 @@ class StableFocalLoss(nn.Module):
 
         Args:
             pred (Tensor): Logits (or probabilities if ``activated``) of
-                shape (N, C).
+                shape (N, C), or of any shape with a target of that shape.
             target (Tensor): Class indices (N, ) with background ``C``, or
-                (N, C) targets.
+                targets of the shape of ``pred``.
             weight (Tensor, optional): Loss weight. Defaults to None.
             avg_factor (int | float, optional): Divisor of the mean.
                 Defaults to None.

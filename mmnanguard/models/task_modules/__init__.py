@@ -1,4 +1,13 @@
 # Copyright (c) mmnanguard contributors. All rights reserved.
-from .coders import SafeDeltaXYWHTRBBoxCoder, SinCosAngleCoder
+from typing import Any
 
-__all__ = ['SafeDeltaXYWHTRBBoxCoder', 'SinCosAngleCoder']
+from . import coders
+from .coders import *  # noqa: F401,F403
+
+__all__ = list(coders.__all__)
+
+
+def __getattr__(name: str) -> Any:
+    """Names of :mod:`.coders` that need a missing package raise its
+    clear error here too."""
+    return getattr(coders, name)

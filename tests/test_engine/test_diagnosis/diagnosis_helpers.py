@@ -49,6 +49,13 @@ def train_until_incident(
         runner.train()
     except NonFiniteTrainingError:
         pass
+    return runner, read_reports(work_dir)
+
+
+def read_reports(work_dir: str) -> List[Dict[str, Any]]:
+    """Every ``report.json`` under ``work_dir/nanguard``, oldest first, with
+    ``folder`` and (when written) the text of ``report.md`` as
+    ``markdown``."""
     reports = []
     for path in sorted(
         glob.glob(osp.join(work_dir, 'nanguard', '*', 'report.json'))
@@ -56,5 +63,9 @@ def train_until_incident(
         with open(path) as f:
             report = json.load(f)
         report['folder'] = osp.dirname(path)
+        markdown = osp.join(report['folder'], 'report.md')
+        if osp.isfile(markdown):
+            with open(markdown) as f:
+                report['markdown'] = f.read()
         reports.append(report)
-    return runner, reports
+    return reports

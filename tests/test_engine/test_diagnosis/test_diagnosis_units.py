@@ -27,6 +27,7 @@ from mmnanguard.engine.diagnosis import (
 )
 from mmnanguard.engine.diagnosis.explosion import grad_norm_growth
 from mmnanguard.engine.diagnosis.tree import first_nonfinite
+from mmnanguard.engine.hooks import NanDiagnosisHook
 from mmnanguard.testing.toy import ToyModel
 
 BAD = [float('nan'), float('inf'), -float('inf')]
@@ -266,7 +267,8 @@ def test_anomaly_mode_names_the_failing_op():
     assert plain.term_grads == dict(loss_a=True, loss_b=True, loss_sqrt=False)
 
 
-def test_only_the_first_incidents_are_diagnosed(tmp_path):
+def test_a_repeat_names_the_diagnosis_it_repeats(tmp_path):
+    # the same kind, stage and samples twice: one diagnosis, one repeat
     runner, first = _toy_run(
         tmp_path,
         [
@@ -280,10 +282,59 @@ def test_only_the_first_incidents_are_diagnosed(tmp_path):
         'incident_000_iter000001',
         'incident_001_iter000003',
     ]
-    # diagnose_incidents=1: the first is diagnosed (the fault hook is gone
-    # by then: transient), the second is left alone
-    assert first['cause'] == 'transient'
-    assert (folders[0] / 'report.md').is_file()
-    assert not (folders[1] / 'report.md').is_file()
+    # the fault hook is gone when the replay runs: transient, stage loss
+    assert first['cause'] == 'transient' and first['stage'] == 'loss'
     with open(folders[1] / 'report.json') as f:
-        assert 'cause' not in json.load(f)
+        second = json.load(f)
+    assert 'cause' not in second
+    assert second['repeat_of'] == dict(
+        folder='incident_000_iter000001',
+        iteration=1,
+        cause='transient',
+        stage='loss',
+        summary=first['diagnosis']['summary'],
+    )
+    text = (folders[1] / 'report.md').read_text()
+    assert 'repeat of `incident_000_iter000001`' in text
+
+
+@pytest.mark.parametrize('bound', [1, 5])
+def test_distinct_incidents_are_diagnosed_up_to_the_bound(tmp_path, bound):
+    from mmengine.runner import Runner
+
+    from mmnanguard.testing.toy import toy_runner_cfg
+
+    cfg = toy_runner_cfg(
+        str(tmp_path),
+        max_iters=4,
+        custom_hooks=[
+            dict(type='FaultInjectionHook', fault='inf_loss', iteration=1),
+            dict(type='FaultInjectionHook', fault='nan_grad', iteration=3),
+            dict(type='NanGuardHook', policy='skip'),
+            dict(type='NanDiagnosisHook', max_diagnoses=bound),
+        ],
+    )
+    Runner(**cfg).train()
+    reports = []
+    for folder in sorted((tmp_path / 'nanguard').glob('incident_*')):
+        with open(folder / 'report.json') as f:
+            reports.append(json.load(f))
+    assert [(r['kind'], r['stage']) for r in reports] == [
+        ('nonfinite_loss', 'loss'),
+        ('nonfinite_grad', 'backward'),
+    ]
+    assert reports[0]['cause'] == 'transient'
+    if bound == 1:
+        assert 'cause' not in reports[1]
+        assert reports[1]['diagnosis_skipped'].startswith('max_diagnoses=1')
+    else:  # a different kind and stage: diagnosed on its own
+        assert reports[1]['cause'] == 'transient'
+        assert 'stage `backward`' in reports[1]['diagnosis']['summary']
+
+
+@pytest.mark.parametrize('value', [-1, 1.5, True, 'all'])
+def test_max_diagnoses_is_validated(value):
+    with pytest.raises(ValueError, match=f'max_diagnoses={value!r}'):
+        NanDiagnosisHook(max_diagnoses=value)
+    with pytest.raises(ValueError, match=f'diagnose_incidents={value!r}'):
+        NanDiagnosisHook(diagnose_incidents=value)

@@ -10,6 +10,7 @@ import pytest
 import torch
 from mmengine.hooks import Hook
 from mmengine.runner import Runner
+from mmengine.runner.checkpoint import CheckpointLoader
 
 from mmnanguard.engine.guard.exceptions import TrainingSpikeError
 from mmnanguard.engine.hooks import NanGuardHook
@@ -131,7 +132,9 @@ def test_skip_drops_the_update_and_backs_off(tmp_path):
     for name, pair in expected.items():
         assert found[name] == pytest.approx(pair, rel=1e-6)
     assert 'loss_a=' in report['reason']
-    ckpt = torch.load(osp.join(str(tmp_path), 'iter_16.pth'))
+    ckpt = CheckpointLoader.load_checkpoint(
+        osp.join(str(tmp_path), 'iter_16.pth')
+    )
     assert ckpt['nanguard']['counters']['spikes'] == 1
     assert len(ckpt['nanguard']['spike']['windows']['loss_a']) == 15
     assert ckpt['nanguard']['lr_backoff']['multiplier'] == 0.5

@@ -17,6 +17,7 @@ from mmengine.hooks import Hook
 from mmengine.optim import OptimWrapperDict
 from mmengine.registry import HOOKS as MMENGINE_HOOKS
 from mmengine.runner import Runner
+from mmengine.runner.checkpoint import CheckpointLoader
 
 from mmnanguard.engine import AmpScaleCollapseError
 from mmnanguard.engine.hooks import AmpScaleMonitorHook, NanGuardHook
@@ -341,11 +342,15 @@ def test_scaler_state_and_switch_survive_checkpoint_resume(tmp_path):
     hooks = [monitor(on_collapse='fp32')]
     runner, trace = run(tmp_path, hooks, max_iters=18)
     runner.train()
-    ckpt = torch.load(osp.join(str(tmp_path), 'iter_16.pth'))
+    ckpt = CheckpointLoader.load_checkpoint(
+        osp.join(str(tmp_path), 'iter_16.pth')
+    )
     # iteration 15 ended at 65536 / 2**16 = 1.0 (no collapse yet)
     assert ckpt['optimizer']['loss_scaler']['scale'] == 1.0
     assert ckpt['amp_scale_monitor']['skipped'] == {'': 16}
-    ckpt = torch.load(osp.join(str(tmp_path), 'iter_18.pth'))
+    ckpt = CheckpointLoader.load_checkpoint(
+        osp.join(str(tmp_path), 'iter_18.pth')
+    )
     assert ckpt['amp_scale_monitor']['precision'] == {'': 'float32'}
     scale_18 = ckpt['optimizer']['loss_scaler']['scale']
     tracker_18 = ckpt['optimizer']['loss_scaler']['_growth_tracker']

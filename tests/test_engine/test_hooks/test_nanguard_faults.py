@@ -15,6 +15,7 @@ import pytest
 import torch
 from mmengine.hooks import Hook
 from mmengine.runner import Runner
+from mmengine.runner.checkpoint import CheckpointLoader
 
 from mmnanguard.engine import NonFiniteTrainingError
 from mmnanguard.testing import (
@@ -149,6 +150,6 @@ def test_fault_under_policy(tmp_path, tiny_dota_root, fault, policy):
     ckpts = glob.glob(osp.join(work_dir, '*.pth'))
     assert ckpts, 'checkpoints were written'
     for path in ckpts:
-        ckpt = torch.load(path)
+        ckpt = CheckpointLoader.load_checkpoint(path)
         assert tensors_all_finite(ckpt['state_dict']), path
         assert tensors_all_finite(ckpt['optimizer']), path

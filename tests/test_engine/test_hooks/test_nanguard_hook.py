@@ -12,6 +12,7 @@ from mmengine.hooks import Hook
 from mmengine.optim import OptimWrapper, OptimWrapperDict
 from mmengine.registry import HOOKS as MMENGINE_HOOKS
 from mmengine.runner import Runner
+from mmengine.runner.checkpoint import CheckpointLoader
 
 from mmnanguard.engine import NonFiniteTrainingError, PoisonedCheckpointError
 from mmnanguard.engine.hooks import NanGuardHook
@@ -360,7 +361,9 @@ def test_counters_reach_text_log_and_visualizer(tmp_path):
 
 def test_counters_saved_and_restored_on_resume(tmp_path):
     runner, _ = run(tmp_path, [fault('inf_loss', 1), guard()], max_iters=4)
-    ckpt = torch.load(osp.join(str(tmp_path), 'iter_4.pth'))
+    ckpt = CheckpointLoader.load_checkpoint(
+        osp.join(str(tmp_path), 'iter_4.pth')
+    )
     assert ckpt['nanguard']['counters']['skipped'] == 1
     resumed = Runner(
         **toy_runner_cfg(
@@ -393,7 +396,7 @@ def test_poisoned_checkpoint_is_never_written(tmp_path, policy):
         assert the_guard(runner).counters['poisoned_checkpoints'] == 1
         assert the_guard(runner).counters['rollbacks'] == 1
     for path in glob.glob(osp.join(str(tmp_path), '*.pth')):
-        ckpt = torch.load(path)
+        ckpt = CheckpointLoader.load_checkpoint(path)
         assert tensors_all_finite(ckpt['state_dict']), path
         assert tensors_all_finite(ckpt['optimizer']), path
     assert reports(tmp_path)[0]['kind'] == 'nonfinite_checkpoint'
@@ -413,7 +416,9 @@ def test_rollback_from_last_good_checkpoint(tmp_path):
     )
     g = the_guard(runner)
     assert g.counters['rollbacks'] == 1
-    ckpt = torch.load(osp.join(str(tmp_path), 'iter_2.pth'))
+    ckpt = CheckpointLoader.load_checkpoint(
+        osp.join(str(tmp_path), 'iter_2.pth')
+    )
     restored = dict(runner.model.named_parameters())
     # iteration 3 ended on the checkpoint of iteration 2 (after 2 steps)
     assert torch.equal(params.after[3][0], ckpt['state_dict']['a.weight'])

@@ -66,7 +66,27 @@ def test_matches_mmseg_dice_with_index_targets(use_sigmoid, naive_dice):
     assert ours(logits, labels).item() == pytest.approx(exp.item(), rel=1e-5)
 
 
-def test_ignored_pixels_are_left_out():
+def test_ignored_pixels_count_as_in_mmseg_by_default():
+    # mmseg clamps labels into [0, C]: 255 (and 7) get an all-zero target,
+    # the prediction on them still counts; negative labels become class 0
+    logits, labels = _masks()
+    odd = labels.clone()
+    odd[:, :4] = 255
+    odd[:, 4:6] = 7
+    odd[:, 6] = -1
+    for kwargs in ({}, dict(use_sigmoid=False), dict(ignore_index=None)):
+        ours = SafeDiceLoss(**kwargs)(logits, odd, ignore_index=255)
+        ref = MMSegDiceLoss(**kwargs)(logits, odd, ignore_index=255)
+        torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-6)
+    p = logits.sigmoid()
+    t = torch.nn.functional.one_hot(odd.clamp(0, 3), 4)[..., :3]
+    exp = _dice64(p, t.permute(0, 3, 1, 2), 1e-3, False).mean()
+    assert SafeDiceLoss()(logits, odd).item() == pytest.approx(
+        exp.item(), rel=1e-5
+    )
+
+
+def test_exclude_ignored_leaves_ignored_pixels_out():
     logits, labels = _masks()
     ignored = labels.clone()
     ignored[:, :4] = 255
@@ -74,10 +94,79 @@ def test_ignored_pixels_are_left_out():
     t = torch.nn.functional.one_hot(labels, 3).permute(0, 3, 1, 2)
     keep = (ignored != 255)[:, None].expand_as(p)
     exp = _dice64(p * keep, t * keep, 1e-3, False).mean()
-    out = SafeDiceLoss(ignore_index=255)(logits, ignored)
+    out = SafeDiceLoss(ignore_index=255, exclude_ignored=True)(logits, ignored)
     assert out.item() == pytest.approx(exp.item(), rel=1e-5)
     with pytest.raises(ValueError, match='label value 7'):
-        SafeDiceLoss()(logits, torch.full_like(labels, 7))
+        SafeDiceLoss(exclude_ignored=True)(logits, torch.full_like(labels, 7))
+
+
+# Inputs and expected values of the upstream unit tests: mmdet 3.x
+# tests/test_models/test_losses/test_loss.py::test_dice_loss ((10, 4, 4)
+# masks, weight (10, )) and mmseg 1.x tests/test_models/test_losses/
+# test_dice_loss.py (index targets, pred == target gives exactly 0,
+# ignore_index dropping a channel).
+@pytest.mark.parametrize('naive_dice', [True, False])
+def test_mmdet_unit_test_inputs(naive_dice):
+    g = torch.Generator().manual_seed(1)
+    pred = torch.rand((10, 4, 4), generator=g)
+    target = torch.rand((10, 4, 4), generator=g)
+    weight = torch.rand(10, generator=g)
+    ours = SafeDiceLoss(naive_dice=naive_dice)
+    ref = MMDetDiceLoss(naive_dice=naive_dice)
+    for args, kwargs in (
+        ((), {}),
+        ((weight,), {}),
+        ((), dict(reduction_override='mean')),
+        ((), dict(avg_factor=10)),
+        ((), dict(avg_factor=10, reduction_override='none')),
+    ):
+        torch.testing.assert_close(
+            ours(pred, target, *args, **kwargs),
+            ref(pred, target, *args, **kwargs),
+            rtol=1e-6,
+            atol=1e-7,
+        )
+    for loss in (ours, ref):
+        with pytest.raises(ValueError):
+            loss(pred, target, avg_factor=10, reduction_override='sum')
+
+
+@pytest.mark.parametrize('naive_dice', [True, False])
+def test_mmseg_unit_test_inputs(naive_dice):
+    g = torch.Generator().manual_seed(2)
+    pred = torch.rand((1, 10, 4, 4), generator=g)
+    target = torch.randint(0, 10, (1, 4, 4), generator=g)
+    weight = torch.rand(1, generator=g)
+    for use_sigmoid in (True, False):
+        for args in ((), (weight,)):
+            torch.testing.assert_close(
+                SafeDiceLoss(use_sigmoid=use_sigmoid, naive_dice=naive_dice)(
+                    pred, target, *args
+                ),
+                MMSegDiceLoss(use_sigmoid=use_sigmoid, naive_dice=naive_dice)(
+                    pred, target, *args
+                ),
+                rtol=1e-6,
+                atol=1e-7,
+            )
+    # index targets give the same loss as their one-hot form
+    pred = torch.tensor([[[[1, 1], [1, 0]], [[0, 1], [1, 1]]]]).float()
+    index = torch.tensor([[[0, 0], [0, 1]]])
+    one_hot = torch.tensor([[[[1, 1], [1, 0]], [[0, 0], [0, 1]]]])
+    loss = SafeDiceLoss(naive_dice=naive_dice)
+    assert torch.equal(loss(pred, index), loss(pred, one_hot))
+    # pred == target, eps = 0, V-Net: exactly 0
+    target = torch.randint(0, 2, (1, 10, 4, 4), generator=g)
+    out = SafeDiceLoss(naive_dice=False, eps=0)(
+        target.float(), target.sigmoid(), weight
+    )
+    assert out.item() == 0
+    # ignore_index=1 drops channel 1; channel 0 matches: exactly 0
+    target = torch.tensor([[[[1, 1], [1, 0]], [[1, 0], [0, 1]]]]).sigmoid()
+    out = SafeDiceLoss(naive_dice=False, ignore_index=1, eps=0)(
+        pred, target, weight
+    )
+    assert out.item() == 0
 
 
 CASES = ['empty_gt_zero_pred', 'empty_gt', 'zero_pred', 'all_ignored']
@@ -97,7 +186,11 @@ def test_empty_masks_are_finite_and_defined(case, naive_dice, eps):
         target = torch.full((2, 8, 8), 255)
     pred.requires_grad_()
     loss = SafeDiceLoss(
-        activate=False, eps=eps, naive_dice=naive_dice, reduction='none'
+        activate=False,
+        eps=eps,
+        naive_dice=naive_dice,
+        reduction='none',
+        exclude_ignored=case == 'all_ignored',
     )
     out = loss(pred, target)
     out.sum().backward()

@@ -104,6 +104,38 @@ def test_loss_values(mode, reduction):
     )
 
 
+# Inputs of mmrotate's own RotatedIoULoss test (mmrotate 1.x,
+# tests/test_models/test_losses/test_loss.py::TestH2RBoxConsistencyLoss,
+# CUDA only there): torch.rand (10, 5) boxes, a (10, ) weight,
+# reduction_override='mean', avg_factor=10. Upstream cannot run on the
+# CPU; its formula on a float64 shapely IoU is the reference.
+@pytest.mark.parametrize('mode', ['linear', 'square', 'log'])
+def test_mmrotate_unit_test_inputs(mode):
+    g = torch.Generator().manual_seed(5)
+    pred = torch.rand((10, 5), generator=g)
+    target = torch.rand((10, 5), generator=g)
+    weight = torch.rand((10,), generator=g)
+    iou = _shapely_iou(pred, target).clamp(min=1e-6)
+    elem = {'linear': 1 - iou, 'square': 1 - iou**2, 'log': -iou.log()}[mode]
+    loss = SafeRotatedIoULoss(mode=mode)
+    cases = [
+        (loss(pred, target, weight), (elem * weight.double()).mean()),
+        (
+            loss(pred, target, weight, reduction_override='mean'),
+            (elem * weight.double()).mean(),
+        ),
+        (
+            loss(pred, target, weight, avg_factor=10),
+            (elem * weight.double()).sum() / 10,
+        ),
+        (loss(pred, target), elem.mean()),
+    ]
+    for out, exp in cases:
+        assert out.item() == pytest.approx(exp.item(), rel=1e-4, abs=1e-5)
+    with pytest.raises(ValueError):
+        loss(pred, target, avg_factor=10, reduction_override='sum')
+
+
 def test_upstream_rotated_iou_loss_has_no_cpu_kernel():
     """mmcv 2.0.1 sorts the polygon vertices with a CUDA-only op."""
     from mmrotate.models.losses import RotatedIoULoss

@@ -179,21 +179,76 @@ def test_cpu_autocast():
     assert torch.isfinite(layer.weight.grad).all()
 
 
-@pytest.mark.parametrize('prob', [0.0, 1.0])
-def test_activated_exact_zero_and_one(prob):
+@pytest.mark.parametrize('gamma', [0.5, 2.0])
+@pytest.mark.parametrize('prob', [0.0, 1.0, 1e-30, 1 - 1e-7])
+def test_activated_exact_zero_and_one(prob, gamma):
     logits, labels = _inputs(n=16)
     p = torch.full_like(logits, prob).requires_grad_()
-    loss = StableFocalLoss(activated=True)(p, labels)
+    loss = StableFocalLoss(activated=True, gamma=gamma)(p, labels)
     loss.backward()
     assert torch.isfinite(loss) and torch.isfinite(p.grad).all()
-    # with the documented clamp p -> [1e-6, 1 - 1e-6]
+    # mmdet's value (its BCE clamps log at -100, so it is finite here)
+    up = FocalLoss(activated=True, gamma=gamma)(p.detach(), labels)
+    assert torch.isfinite(up)
+    torch.testing.assert_close(loss, up, rtol=1e-5, atol=1e-6)
+    # by hand: per element alpha_t * (1 - p_t)^gamma * min(-log p_t, 100)
+    t = F.one_hot(labels, NUM_CLASSES + 1)[:, :NUM_CLASSES].double()
+    pd = torch.tensor(prob).double()  # the fp32 value the loss saw
+    p_t = pd * t + (1 - pd) * (1 - t)
+    nll = (-torch.log(p_t)).clamp(max=100)
+    alpha_t = 0.25 * t + 0.75 * (1 - t)
+    exp = (alpha_t * (1 - p_t) ** gamma * nll).mean()
+    assert loss.item() == pytest.approx(exp.item(), rel=1e-4, abs=1e-12)
+
+
+def test_activated_eps_is_an_explicit_clamp():
+    logits, labels = _inputs(n=16)
+    p = torch.zeros_like(logits)
+    clamped = StableFocalLoss(activated=True, eps=1e-6)(p, labels)
     exp = _focal_float64(
-        torch.logit(
-            torch.full_like(logits, prob).clamp(1e-6, 1 - 1e-6).double()
-        ),
-        labels,
+        torch.logit(torch.full_like(logits, 1e-6).double()), labels
     ).mean()
-    assert loss.item() == pytest.approx(exp.item(), rel=1e-4)
+    assert clamped.item() == pytest.approx(exp.item(), rel=1e-4)
+    assert clamped.item() < StableFocalLoss(activated=True)(p, labels).item()
+
+
+# Input shapes of mmdet's own FocalLoss test (mmdet 3.x,
+# tests/test_models/test_losses/test_loss.py::test_FocalLoss_loss): (10, 5)
+# logits with class indices, and (3, 5, 40, 40) with one-hot targets.
+@pytest.mark.parametrize('input_shape', [(10, 5), (3, 5, 40, 40)])
+def test_mmdet_unit_test_inputs(input_shape):
+    g = torch.Generator().manual_seed(3)
+    pred = torch.rand(input_shape, generator=g)
+    target = torch.randint(0, 5, (input_shape[0],), generator=g)
+    if len(input_shape) == 4:
+        b, n, w, h = input_shape
+        target = F.one_hot(
+            torch.randint(0, 5, (b * w * h,), generator=g), 5
+        ).reshape(b, w, h, n)
+        target = target.permute(0, 3, 1, 2)
+    ours, ref = StableFocalLoss(), FocalLoss()
+    for kwargs in (
+        {},
+        dict(reduction_override='mean'),
+        dict(avg_factor=10),
+        dict(avg_factor=10, reduction_override='none'),
+        dict(reduction_override='sum'),
+    ):
+        torch.testing.assert_close(
+            ours(pred, target, **kwargs),
+            ref(pred, target, **kwargs),
+            rtol=1e-5,
+            atol=1e-7,
+        )
+    # mmdet refuses avg_factor with 'sum' (ValueError), and so do we
+    for loss in (ours, ref):
+        with pytest.raises(ValueError):
+            loss(pred, target, avg_factor=10, reduction_override='sum')
+    if len(input_shape) == 4:  # element-wise weight of the loss's shape
+        weight = torch.rand(input_shape, generator=g)
+        torch.testing.assert_close(
+            ours(pred, target, weight), ref(pred, target, weight)
+        )
 
 
 @pytest.mark.parametrize('reduction', ['none', 'mean', 'sum'])
@@ -212,7 +267,7 @@ def test_bad_arguments():
         StableFocalLoss(reduction='avg')
     with pytest.raises(ValueError, match='reduction_override'):
         StableFocalLoss()(*_inputs(), reduction_override='avg')
-    with pytest.raises(ValueError, match='target must have shape'):
+    with pytest.raises(ValueError, match='target must be class indices'):
         StableFocalLoss()(torch.zeros(4, 3), torch.zeros(4, 2))
 
 

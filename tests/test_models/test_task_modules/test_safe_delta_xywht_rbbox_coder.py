@@ -39,6 +39,128 @@ def _boxes(n, version, seed=0):
     return torch.cat([xy, wh, t], dim=1)
 
 
+# Inputs and expected values of mmrotate's own unit test of
+# DeltaXYWHTRBBoxCoder (mmrotate 1.x, tests/test_models/test_task_modules/
+# test_coder/test_delta_xywht_rbbox_coder.py).
+UP_ROIS = [
+    [0.0, 0.0, 1.0, 1.0, 0.0],
+    [0.0, 0.0, 1.0, 1.0, 0.1],
+    [0.0, 0.0, 1.0, 1.0, 0.1],
+    [5.0, 5.0, 5.0, 5.0, 0.3],
+]
+UP_DELTAS = [
+    [0.0, 0.0, 0.0, 0.0, 0.0],
+    [1.0, 1.0, 1.0, 1.0, 0.0],
+    [0.0, 0.0, 2.0, -1.0, 1.0],
+    [0.7, -1.9, -0.5, 0.3, 1.0],
+]
+UP_DECODED = [
+    [0.0000, 0.0000, 1.0000, 1.0000, 0.0000],
+    [1.0000, 1.0000, 2.7183, 2.7183, 0.1000],
+    [0.0000, 0.0000, 7.3891, 0.3679, 1.1000],
+    [8.5000, 0.0000, 3.0327, 6.7493, 1.3000],
+]
+UP_ENCODED = [
+    [0.0000, 0.0000, 0.0000, 0.0000, -1.5708],
+    [1.0000, 1.0000, 1.0000, 1.0000, -1.5708],
+    [0.0000, 0.0000, -0.9999, 2.0000, -0.5708],
+    [0.7000, -1.0000, 0.3000, -0.5000, -0.5708],
+]
+# the add_ctr_clamp=True, ctr_clamp=2 case of the same test
+UP_CLAMP_ROIS = [[0.0, 0.0, 6.0, 6.0, 0.0]] + UP_ROIS[1:]
+UP_CLAMP_DELTAS = [[1.0, 1.0, 2.0, 2.0, 0.0]] + UP_DELTAS[1:]
+UP_CLAMP_DECODED = [
+    [2.0000, 2.0000, 44.3343, 44.3343, 0.0000],
+    [1.0000, 1.0000, 2.7183, 2.7183, 0.1000],
+    [0.0000, 0.0000, 7.3891, 0.3679, 1.1000],
+    [7.0000, 3.0000, 3.0327, 6.7493, 1.3000],
+]
+
+
+def _t(rows):
+    return torch.tensor(rows)
+
+
+def test_upstream_unit_test_values():
+    coder = SafeDeltaXYWHTRBBoxCoder()
+    rois, deltas = RotatedBoxes(_t(UP_ROIS)), _t(UP_DELTAS)
+    for max_shape in [(32, 32), torch.Tensor((32, 32))]:
+        out = coder.decode(rois, deltas, max_shape=max_shape).tensor
+        torch.testing.assert_close(out, _t(UP_DECODED), rtol=0, atol=1e-4)
+    batch = coder.decode(
+        RotatedBoxes(_t(UP_ROIS)[None].repeat(2, 1, 1)),
+        _t(UP_DELTAS)[None].repeat(2, 1, 1),
+        max_shape=(32, 32),
+    ).tensor
+    torch.testing.assert_close(batch[1], _t(UP_DECODED), rtol=0, atol=1e-4)
+    enc = coder.encode(rois, RotatedBoxes(_t(UP_DECODED)))
+    torch.testing.assert_close(enc, _t(UP_ENCODED), rtol=0, atol=1e-4)
+    clamp = SafeDeltaXYWHTRBBoxCoder(add_ctr_clamp=True, ctr_clamp=2)
+    out = clamp.decode(
+        RotatedBoxes(_t(UP_CLAMP_ROIS)),
+        _t(UP_CLAMP_DELTAS),
+        max_shape=(32, 32),
+    ).tensor
+    torch.testing.assert_close(out, _t(UP_CLAMP_DECODED), rtol=0, atol=1e-4)
+    empty = coder.decode(
+        RotatedBoxes(torch.zeros(0, 5)), torch.zeros(0, 5), (32, 32)
+    )
+    assert empty.shape == (0, 5)
+
+
+def _wild_deltas(n, seed):
+    """Deltas that reach every branch: angles far outside any range,
+    dw/dh beyond the clip on both sides."""
+    g = torch.Generator().manual_seed(seed)
+    deltas = torch.randn(n, 5, generator=g) * 2
+    deltas[:, 2:4] *= 4  # |dw| up to ~20 > |log(16 / 1000)| = 4.1
+    deltas[:, 4] *= 3  # angles up to ~+-20 rad
+    return deltas
+
+
+@pytest.mark.parametrize(
+    'cfg',
+    CONFIGS
+    + [
+        dict(angle_version='oc', edge_swap=True),
+        dict(angle_version='le90'),
+        dict(angle_version='oc', add_ctr_clamp=True, ctr_clamp=8),
+    ],
+)
+def test_decode_equals_upstream_wherever_upstream_is_finite(cfg):
+    # no margin kept: unbounded 'oc' angles, le90 without edge_swap,
+    # add_ctr_clamp's one-sided dw clamp; the values must be upstream's
+    ours, ref = SafeDeltaXYWHTRBBoxCoder(**cfg), DeltaXYWHTRBBoxCoder(**cfg)
+    anchors = _boxes(300, cfg['angle_version'], seed=4)
+    anchors[:, 4] = (torch.rand(300) - 0.5) * 4
+    for deltas in (_wild_deltas(300, 5), _wild_deltas(300, 6).repeat(1, 3)):
+        exp = ref.decode(anchors, deltas, max_shape=(400, 450))
+        exp = exp.tensor if hasattr(exp, 'tensor') else exp
+        assert torch.isfinite(exp).all()
+        out = ours.decode(anchors, deltas, max_shape=(400, 450))
+        out = out.tensor if hasattr(out, 'tensor') else out
+        torch.testing.assert_close(out, exp, rtol=1e-6, atol=1e-5)
+
+
+@pytest.mark.parametrize('version', list(LO))
+def test_encode_keeps_tiny_positive_sizes_as_upstream(version):
+    # 1e-9 px is positive: upstream's log is finite, and so must be equal
+    anchors = _boxes(8, version)
+    gts = _boxes(8, version, seed=7)
+    gts[:4, 2] = 1e-9
+    gts[4:, 3] = 3e-8
+    ours = SafeDeltaXYWHTRBBoxCoder(angle_version=version, edge_swap=True)
+    ref = DeltaXYWHTRBBoxCoder(angle_version=version, edge_swap=True)
+    exp = ref.encode(RotatedBoxes(anchors), RotatedBoxes(gts.clone()))
+    assert torch.isfinite(exp).all()
+    out = ours.encode(RotatedBoxes(anchors), RotatedBoxes(gts))
+    torch.testing.assert_close(out, exp, rtol=1e-6, atol=1e-6)
+    # a NaN ground truth is not hidden
+    gts[0, 2] = float('nan')
+    out = ours.encode(RotatedBoxes(anchors), RotatedBoxes(gts))
+    assert torch.isnan(out[0]).any() and torch.isfinite(out[1:]).all()
+
+
 @pytest.mark.parametrize('cfg', CONFIGS)
 def test_encode_decode_match_upstream(cfg):
     version = cfg['angle_version']
@@ -100,7 +222,9 @@ def test_zero_size_gt_is_finite(version, case):
 @pytest.mark.parametrize('version', list(LO))
 @pytest.mark.parametrize('value', [1e5, -1e5])
 def test_huge_deltas_are_finite_with_gradient(version, value):
-    coder = SafeDeltaXYWHTRBBoxCoder(angle_version=version)
+    coder = SafeDeltaXYWHTRBBoxCoder(
+        angle_version=version, regularize_decode=True
+    )
     anchors = _boxes(16, version)
     deltas = torch.full((16, 5), value, requires_grad=True)
     out = coder.decode(anchors, deltas).tensor
@@ -116,11 +240,24 @@ def test_huge_deltas_are_finite_with_gradient(version, value):
     assert out[:, 4].max() <= lo + period + 1e-6
 
 
-def test_add_ctr_clamp_clamps_dw_both_sides():
-    coder = SafeDeltaXYWHTRBBoxCoder(angle_version='le90', add_ctr_clamp=True)
+def test_regularize_decode_clamps_dw_both_sides_under_add_ctr_clamp():
+    coder = SafeDeltaXYWHTRBBoxCoder(
+        angle_version='le90', add_ctr_clamp=True, regularize_decode=True
+    )
     anchors = _boxes(4, 'le90')
     deltas = torch.tensor([[0, 0, -50.0, -50.0, 0]]).repeat(4, 1)
     out = coder.decode(anchors, deltas).tensor
+    # by default, upstream's one-sided clamp: exp(-50) * w, as upstream
+    default = SafeDeltaXYWHTRBBoxCoder(
+        angle_version='le90', add_ctr_clamp=True
+    )
+    up = DeltaXYWHTRBBoxCoder(angle_version='le90', add_ctr_clamp=True)
+    torch.testing.assert_close(
+        default.decode(anchors, deltas).tensor,
+        up.decode(anchors, deltas).tensor,
+        rtol=0,
+        atol=0,
+    )
     ratio = abs(math.log(16 / 1000))
     ws = anchors[:, 2:4].sort(dim=1).values * math.exp(-ratio)
     torch.testing.assert_close(out[:, 2:4].sort(dim=1).values, ws)
@@ -129,7 +266,9 @@ def test_add_ctr_clamp_clamps_dw_both_sides():
 @pytest.mark.parametrize('version', list(LO))
 def test_angles_on_the_boundary(version):
     lo, period = LO[version], PERIOD[version]
-    coder = SafeDeltaXYWHTRBBoxCoder(angle_version=version, edge_swap=True)
+    coder = SafeDeltaXYWHTRBBoxCoder(
+        angle_version=version, edge_swap=True, regularize_decode=True
+    )
     anchors = _boxes(4, version)
     anchors[:, 4] = torch.tensor([lo, lo + period, lo, lo + period])
     gts = anchors.clone()
@@ -158,8 +297,10 @@ def _sorted_corners(boxes):
     )
 
 
-def test_oc_decode_wraps_and_keeps_the_box():
-    coder = SafeDeltaXYWHTRBBoxCoder(angle_version='oc')
+def test_oc_regularized_decode_wraps_and_keeps_the_box():
+    coder = SafeDeltaXYWHTRBBoxCoder(
+        angle_version='oc', regularize_decode=True
+    )
     ref = DeltaXYWHTRBBoxCoder(angle_version='oc')
     anchors = _boxes(32, 'oc')
     deltas = torch.randn(32, 5) * 0.3

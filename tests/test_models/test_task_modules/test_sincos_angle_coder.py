@@ -50,6 +50,31 @@ def test_round_trip_full_range_with_boundaries(version, dtype):
     assert abs(lower.item() - (lo + 1e-6)) < 1e-6
 
 
+@pytest.mark.parametrize('keepdim', [True, False])
+def test_round_trip_equals_upstream_angle_coders(keepdim):
+    """In a head's ``angle_coder`` slot, what matters is the decoded angle:
+    on the le90 range it equals mmrotate's PseudoAngleCoder (the default
+    of RotatedFCOSHead / RotatedRTMDetHead) exactly and its PSCCoder to
+    its precision, with the same shapes."""
+    from mmrotate.models.task_modules.coders import (
+        PSCCoder,
+        PseudoAngleCoder,
+    )
+
+    theta = torch.linspace(-math.pi / 2 + 1e-3, math.pi / 2 - 1e-3, 2001)
+    theta = theta[:, None]
+    ours = SinCosAngleCoder('le90')
+    out = ours.decode(ours.encode(theta), keepdim=keepdim)
+    pseudo = PseudoAngleCoder()
+    exp = pseudo.decode(pseudo.encode(theta), keepdim=keepdim)
+    assert out.shape == exp.shape
+    torch.testing.assert_close(out, exp, rtol=0, atol=2e-6)
+    psc = PSCCoder('le90')
+    exp = psc.decode(psc.encode(theta), keepdim=keepdim)
+    assert out.shape == exp.shape
+    torch.testing.assert_close(out, exp, rtol=0, atol=1e-4)
+
+
 def test_no_jump_at_le90_boundary():
     coder = SinCosAngleCoder('le90')
     eps = 1e-4

@@ -1,11 +1,13 @@
 # Copyright (c) mmnanguard contributors. All rights reserved.
-"""mmrotate's ``DeltaXYWHTRBBoxCoder`` with clamps before ``log`` and
-``exp``.
+"""mmrotate's ``DeltaXYWHTRBBoxCoder`` with the ``log`` of a zero-size box
+made finite.
 
 Upstream encodes ``log(gw / pw)``: a zero-width or zero-height ground
-truth (degenerate DOTA polygons) gives ``-inf`` and a NaN L1 loss. Decode
-clamps ``dw``/``dh`` on one side only when ``add_ctr_clamp`` is set, and
-leaves the 'oc' angle unbounded.
+truth (degenerate DOTA polygons) gives ``-inf`` and a NaN L1 loss. The
+safe coder replaces only non-positive widths and heights, so that every
+target upstream computes finitely is returned unchanged. Decoding returns
+exactly what upstream returns; bounding the decoded boxes further is an
+explicit option (``regularize_decode``).
 """
 
 import math
@@ -36,6 +38,11 @@ def regularize_oc(w: Tensor, h: Tensor, t: Tensor):
     return w_, h_, t
 
 
+def _positive(size: Tensor, eps: float) -> Tensor:
+    """``size`` with its zero and negative entries replaced by ``eps``."""
+    return torch.where(size <= 0, torch.full_like(size, eps), size)
+
+
 def safe_bbox2delta(
     proposals: Tensor,
     gts: Tensor,
@@ -58,8 +65,10 @@ def safe_bbox2delta(
         norm_factor (float, optional): Angle normalisation factor.
         edge_swap (bool): Swap edges if that gives a smaller angle.
         proj_xy (bool): Project the centre offset on the proposal axes.
-        eps (float): Lower bound of every width and height (proposal and
-            ground truth) before the division and the ``log``.
+        eps (float): Replaces every width and height (proposal and
+            ground truth) that is zero or negative, before the division
+            and the ``log``; positive sizes are kept, so the result is
+            upstream's wherever upstream's is finite. NaN stays NaN.
 
     Returns:
         Tensor: Deltas (N, 5), fp32.
@@ -68,8 +77,7 @@ def safe_bbox2delta(
     gts = gts.float()
     px, py, pw, ph, pt = proposals.unbind(dim=-1)
     gx, gy, gw, gh, gt = gts.unbind(dim=-1)
-    pw, ph = pw.clamp(min=eps), ph.clamp(min=eps)
-    gw, gh = gw.clamp(min=eps), gh.clamp(min=eps)
+    pw, ph, gw, gh = (_positive(v, eps) for v in (pw, ph, gw, gh))
     if proj_xy:
         dx = (torch.cos(pt) * (gx - px) + torch.sin(pt) * (gy - py)) / pw
         dy = (-torch.sin(pt) * (gx - px) + torch.cos(pt) * (gy - py)) / ph
@@ -108,9 +116,12 @@ def safe_delta2bbox(
     norm_factor: Optional[float] = None,
     edge_swap: bool = False,
     proj_xy: bool = False,
+    regularize: bool = False,
 ) -> Tensor:
-    """Upstream ``delta2bbox``, in fp32, with both-sided ``dw``/``dh`` clamp
-    and the angle kept in the angle version's range.
+    """Upstream ``delta2bbox`` in fp32; with ``regularize``, bounded.
+
+    Without ``regularize`` the result is upstream's (same formulas, same
+    clamps, same representation) computed in fp32.
 
     Args:
         rois (Tensor): Base boxes (N, 5).
@@ -119,14 +130,19 @@ def safe_delta2bbox(
         stds (Sequence[float]): Standard deviations of the deltas.
         max_shape (Sequence[int], optional): (H, W) bounds of the centres.
         wh_ratio_clip (float): ``dw`` and ``dh`` are clamped to
-            ``±|log(wh_ratio_clip)|`` on both sides (upstream clamps only
-            the upper side when ``add_ctr_clamp``).
+            ``±|log(wh_ratio_clip)|`` (only the upper side when
+            ``add_ctr_clamp`` and not ``regularize``, as upstream).
         add_ctr_clamp (bool): Clamp the centre shift to ``ctr_clamp``.
         ctr_clamp (int): Maximum centre shift in pixels.
         angle_version (str): 'oc', 'le135' or 'le90'.
         norm_factor (float, optional): Angle normalisation factor.
         edge_swap (bool): Make the width the longer edge.
         proj_xy (bool): Project the centre offset on the roi axes.
+        regularize (bool): Clamp ``dw``/``dh`` on both sides in every mode
+            (no box shrinks to zero width), and bring the 'oc' angle, which
+            upstream leaves unbounded, into ``[-pi/2, 0)`` by the
+            ``regularize_boxes('oc')`` rule (w and h swap, the box itself is
+            unchanged). Defaults to False.
 
     Returns:
         Tensor: Boxes (N, 5 * k), fp32.
@@ -148,8 +164,9 @@ def safe_delta2bbox(
     if add_ctr_clamp:
         dx_width = dx_width.clamp(min=-ctr_clamp, max=ctr_clamp)
         dy_height = dy_height.clamp(min=-ctr_clamp, max=ctr_clamp)
-    dw = dw.clamp(min=-max_ratio, max=max_ratio)
-    dh = dh.clamp(min=-max_ratio, max=max_ratio)
+    lower = None if add_ctr_clamp and not regularize else -max_ratio
+    dw = dw.clamp(min=lower, max=max_ratio)
+    dh = dh.clamp(min=lower, max=max_ratio)
     gw = pw * dw.exp()
     gh = ph * dh.exp()
     if proj_xy:
@@ -158,21 +175,17 @@ def safe_delta2bbox(
     else:
         gx = px + dx_width
         gy = py + dy_height
-    gt = pt + dt
+    gt = norm_angle(pt + dt, angle_version)
     if max_shape is not None:
         gx = gx.clamp(min=0, max=max_shape[1] - 1)
         gy = gy.clamp(min=0, max=max_shape[0] - 1)
     if edge_swap:
         longer = gw > gh
-        gw, gh, gt = (
-            torch.where(longer, gw, gh),
-            torch.where(longer, gh, gw),
-            torch.where(longer, gt, gt + math.pi / 2),
-        )
-    if angle_version == 'oc':
-        gw, gh, gt = regularize_oc(gw, gh, gt)
-    else:
+        gt = torch.where(longer, gt, gt + math.pi / 2)
+        gw, gh = torch.where(longer, gw, gh), torch.where(longer, gh, gw)
         gt = norm_angle(gt, angle_version)
+    if regularize and angle_version == 'oc':
+        gw, gh, gt = regularize_oc(gw, gh, gt)
     return torch.stack([gx, gy, gw, gh, gt], dim=-1).view(deltas.size())
 
 
@@ -180,20 +193,21 @@ def safe_delta2bbox(
 class SafeDeltaXYWHTRBBoxCoder(DeltaXYWHTRBBoxCoder):
     """Drop-in for mmrotate's ``DeltaXYWHTRBBoxCoder`` that stays finite.
 
-    Same arguments and, on normal boxes, the same results as upstream.
-    Differences, each a clamp:
+    Same arguments, and the same results as upstream wherever upstream's
+    are finite (mmrotate's own unit-test values included). It differs:
 
-    - encode clamps proposal and ground-truth widths and heights to at
-      least ``eps`` before the division and the ``log``, so a zero-width
-      or zero-height box gives a large finite target instead of ``-inf``;
-      it computes in fp32 and does not modify the ``gt_bboxes`` object
-      (upstream regularizes it in place);
-    - decode computes in fp32 (returns fp32), clamps ``dw``/``dh`` to
-      ``±|log(wh_ratio_clip)|`` on both sides in every mode, and keeps
-      the angle in the angle version's range: ``norm_angle`` for 'le90'
-      and 'le135' (as upstream), and for 'oc' (which upstream leaves
-      unbounded) the ``regularize_boxes('oc')`` rule, which swaps w and h
-      so that the box itself is unchanged.
+    - encode replaces a zero or negative proposal or ground-truth width or
+      height by ``eps`` before the division and the ``log``, so a
+      zero-width box gives a large finite target instead of ``-inf``
+      (positive sizes, however small, are kept); it computes in fp32 and
+      does not modify the ``gt_bboxes`` object (upstream regularizes it in
+      place);
+    - decode computes in fp32 and returns fp32 (upstream: the input
+      dtype). Nothing else changes unless ``regularize_decode=True``,
+      which clamps ``dw``/``dh`` on both sides also under
+      ``add_ctr_clamp`` and keeps the 'oc' angle in ``[-pi/2, 0)``
+      (w and h swapped where needed: the same box in another
+      representation, so the numbers differ from upstream's).
 
     NaN deltas stay NaN: the coder does not hide them.
 
@@ -211,8 +225,10 @@ class SafeDeltaXYWHTRBBoxCoder(DeltaXYWHTRBBoxCoder):
         ctr_clamp (int): Maximum centre shift in pixels. Defaults to 32.
         use_box_type (bool): Wrap decoded boxes in ``RotatedBoxes``.
             Defaults to True.
-        eps (float): Lower bound of widths and heights in encode.
-            Defaults to 1e-6.
+        eps (float): Replaces zero and negative widths and heights in
+            encode. Defaults to 1e-6.
+        regularize_decode (bool): Bound the decoded boxes (see above).
+            Defaults to False.
     """
 
     def __init__(
@@ -227,6 +243,7 @@ class SafeDeltaXYWHTRBBoxCoder(DeltaXYWHTRBBoxCoder):
         ctr_clamp: int = 32,
         use_box_type: bool = True,
         eps: float = 1e-6,
+        regularize_decode: bool = False,
     ) -> None:
         if angle_version not in ANGLE_VERSIONS:
             raise ValueError(
@@ -250,6 +267,7 @@ class SafeDeltaXYWHTRBBoxCoder(DeltaXYWHTRBBoxCoder):
             use_box_type=use_box_type,
         )
         self.eps = eps
+        self.regularize_decode = regularize_decode
 
     def encode(
         self,
@@ -333,6 +351,7 @@ class SafeDeltaXYWHTRBBoxCoder(DeltaXYWHTRBBoxCoder):
             self.norm_factor,
             self.edge_swap,
             self.proj_xy,
+            self.regularize_decode,
         )
         if self.use_box_type and decoded.size(-1) == 5:
             decoded = RotatedBoxes(decoded)

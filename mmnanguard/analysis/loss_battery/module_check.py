@@ -1,0 +1,155 @@
+# Copyright (c) mmnanguard contributors. All rights reserved.
+"""The battery for the losses of a config: build each one in the config's
+scope, run it, and for every failing case that has a safe drop-in, run
+the drop-in on the same case."""
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+import torch.nn as nn
+
+from ..config_walk import build_in_scope, find_loss_configs
+from .dropins import drop_in_config
+from .kinds import infer_kind
+from .runner import CaseResult, battery_cases, run_case
+
+
+@dataclass
+class ModuleReport:
+    """The battery's outcome for one loss module.
+
+    ``drop_in_results`` holds, for each failing case, the drop-in's result
+    on the same case; ``error`` says why the module could not be built or
+    given inputs (then ``results`` is empty).
+    """
+
+    path: str
+    loss_type: str
+    kind: str = ''
+    results: List[CaseResult] = field(default_factory=list)
+    drop_in: Optional[str] = None
+    drop_in_results: List[CaseResult] = field(default_factory=list)
+    error: str = ''
+
+    @property
+    def failures(self) -> List[CaseResult]:
+        """The failing cases."""
+        return [r for r in self.results if not r.passed]
+
+    @property
+    def passed(self) -> bool:
+        """Whether the module was built and passed every case."""
+        return not self.error and not self.failures
+
+    def to_dict(self) -> Dict[str, Any]:
+        """The report as a JSON-ready dict."""
+        return dict(
+            path=self.path,
+            loss_type=self.loss_type,
+            kind=self.kind,
+            passed=self.passed,
+            error=self.error,
+            drop_in=self.drop_in,
+            results=[r.to_dict() for r in self.results],
+            drop_in_results=[r.to_dict() for r in self.drop_in_results],
+        )
+
+
+def check_module(
+    loss: nn.Module,
+    path: str = 'loss',
+    kind: Optional[str] = None,
+    scope: Optional[str] = None,
+    **settings,
+) -> ModuleReport:
+    """Run the battery on a built loss.
+
+    Args:
+        loss (nn.Module): The loss.
+        path (str): Its config path.
+        kind (str, optional): Input kind; inferred when None.
+        scope (str, optional): The config's default scope.
+        **settings: ``num_classes``, ``angle_version``, ``ignore_index``.
+
+    Returns:
+        ModuleReport: Without drop-in results.
+    """
+    report = ModuleReport(path, type(loss).__name__)
+    try:
+        report.kind = kind or infer_kind(loss, scope)
+    except ValueError as err:
+        report.error = str(err)
+        return report
+    cases = battery_cases(loss, report.kind, scope, **settings)
+    report.results = [run_case(loss, c, path, report.kind) for c in cases]
+    return report
+
+
+def check_loss_config(
+    loss_cfg: dict,
+    scope: Optional[str],
+    path: str = 'loss',
+    kind: Optional[str] = None,
+    **settings,
+) -> ModuleReport:
+    """Build a loss config in ``scope``, run the battery, and run the
+    failing cases on the drop-in where there is one.
+
+    Args:
+        loss_cfg (dict): The loss config.
+        scope (str, optional): Default scope to build in.
+        path (str): Its config path.
+        kind (str, optional): Input kind; inferred when None.
+        **settings: ``num_classes``, ``angle_version``, ``ignore_index``.
+
+    Returns:
+        ModuleReport: The report.
+    """
+    try:
+        loss = build_in_scope(loss_cfg, scope)
+    except (KeyError, TypeError, ValueError, ImportError) as err:
+        return ModuleReport(
+            path,
+            str(loss_cfg.get('type')),
+            error=f'cannot build it: {type(err).__name__}: {err}',
+        )
+    report = check_module(loss, path, kind, scope, **settings)
+    safe_cfg = drop_in_config(loss_cfg, type(loss))
+    if safe_cfg is None or not report.failures:
+        return report
+    report.drop_in = safe_cfg['type'].split('.')[-1]
+    safe = build_in_scope(safe_cfg, scope)
+    by_name = {
+        c.name: c for c in battery_cases(safe, report.kind, scope, **settings)
+    }
+    for failed in report.failures:
+        case = by_name.get(failed.case)
+        if case is not None:
+            report.drop_in_results.append(
+                run_case(
+                    safe, case, f'{path} -> {report.drop_in}', report.kind
+                )
+            )
+    return report
+
+
+def check_config_losses(cfg: Any) -> List[ModuleReport]:
+    """The battery for every loss of ``cfg.model``.
+
+    Args:
+        cfg (Config): A loaded config (``model``, ``default_scope``,
+            optionally ``angle_version``).
+
+    Returns:
+        list[ModuleReport]: One per loss config, in config order.
+    """
+    scope = cfg.get('default_scope')
+    reports = []
+    for entry in find_loss_configs(cfg.get('model') or {}, scope):
+        settings = dict(entry.context)
+        if cfg.get('angle_version') is not None:
+            settings.setdefault('angle_version', cfg.angle_version)
+        reports.append(
+            check_loss_config(entry.cfg, scope, entry.path, **settings)
+        )
+    return reports

@@ -1,0 +1,95 @@
+# Copyright (c) mmnanguard contributors. All rights reserved.
+"""Know, every iteration, whether the model's inputs were finite.
+
+The check is one reduction over the batch as the model receives it (after
+the data preprocessor and its forward hooks): the image tensor(s) and the
+ground-truth boxes. It yields a 0-dim boolean tensor and never syncs with
+the host; :meth:`StepGuard.loss_is_finite` reads it together with the loss
+flag, in the one host transfer that check costs anyway.
+"""
+
+from typing import Any, List, Optional
+
+import torch
+from torch import Tensor
+
+from .step_guard import StepGuard
+
+
+def _floating(obj: Any) -> List[Tensor]:
+    if isinstance(obj, Tensor):
+        return [obj] if obj.is_floating_point() else []
+    if isinstance(obj, (list, tuple)):
+        return [t for o in obj for t in _floating(o)]
+    boxes = getattr(obj, 'tensor', None)  # mmdet BaseBoxes
+    return _floating(boxes) if isinstance(boxes, Tensor) else []
+
+
+def batch_tensors(data: Any) -> List[Tensor]:
+    """The floating tensors of a preprocessed batch that the guard checks:
+    ``inputs`` and ``gt_instances.bboxes`` of every data sample.
+
+    Args:
+        data (dict | list | tuple): The data preprocessor's output.
+
+    Returns:
+        list[Tensor]: The tensors (none for an unknown layout).
+    """
+    if not isinstance(data, dict):
+        return []
+    tensors = _floating(data.get('inputs'))
+    for sample in data.get('data_samples') or []:
+        instances = getattr(sample, 'gt_instances', None)
+        if instances is not None and 'bboxes' in instances:
+            tensors += _floating(instances.bboxes)
+    return tensors
+
+
+def _sum(tensor: Tensor) -> Tensor:
+    wide = torch.float64 if tensor.dtype == torch.float64 else torch.float32
+    return tensor.detach().sum(dtype=wide)
+
+
+def finite_flag(tensors: List[Tensor]) -> Optional[Tensor]:
+    """Whether every tensor is finite, as a 0-dim boolean tensor on the
+    device of the first one, without a host sync; None for no tensors.
+
+    The check is the finiteness of each tensor's sum (in float32 at least):
+    a NaN or an infinity makes the sum non-finite, and one reduction is
+    ~30x cheaper on the CPU than ``isfinite(t).all()``. Finite values
+    whose sum passes 3.4e38 read as non-finite too: values that large are
+    no valid input either.
+    """
+    if not tensors:
+        return None
+    device = tensors[0].device
+    sums = torch.stack([_sum(t).to(device, torch.float64) for t in tensors])
+    return torch.isfinite(sums).all()
+
+
+def capture_input_finiteness(model, step_guard: StepGuard) -> None:
+    """Put the finiteness flag of every training batch into the record.
+
+    ``BaseModel.train_step`` (and mmengine's DDP wrapper) call
+    ``self._run_forward(data, mode='loss')`` on the preprocessed batch;
+    wrapping it on the instance sees the batch after the data
+    preprocessor's forward hooks too. Installing twice only swaps the
+    guard.
+
+    Args:
+        model (nn.Module): ``runner.model`` (a model wrapper or the model).
+        step_guard (StepGuard): Whose ``record.inputs_flag`` to set.
+    """
+    model._nanguard_input_guard = step_guard
+    if getattr(model._run_forward, '_nanguard_inputs', False):
+        return
+    run_forward = model._run_forward
+
+    def check_and_run(data, mode):
+        if mode == 'loss' and model.training:
+            record = model._nanguard_input_guard.record
+            record.inputs_flag = finite_flag(batch_tensors(data))
+        return run_forward(data, mode)
+
+    check_and_run._nanguard_inputs = True
+    model._run_forward = check_and_run
