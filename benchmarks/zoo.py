@@ -143,6 +143,10 @@ def classify(guard: Dict[str, Any], bare: Optional[Dict[str, Any]]) -> str:
         return status
     if bare is not None and bare['status'] == 'pass':
         return 'nanguard'
+    if guard.get('category') == 'nanguard' and (
+        bare is None or bare.get('error') != guard.get('error')
+    ):
+        return 'nanguard'  # raised in mmnanguard, not what stops bare
     if bare is not None and bare.get('category') not in (None, 'nanguard'):
         return bare['category']
     return guard.get('category', 'upstream')
@@ -284,10 +288,11 @@ def markdown(args) -> int:
     """Print the "Zoo sweep" tables from the sweep and static JSON."""
     from zoo_report import cpu_impossible, format_static, format_sweep
 
-    cells = []
-    for path in args.sweeps:
+    by_family: Dict[str, Dict[str, Any]] = {}
+    for path in args.sweeps:  # a later file's cell replaces an earlier one
         with open(path) as f:
-            cells += json.load(f)['cells']
+            by_family.update((c['family'], c) for c in json.load(f)['cells'])
+    cells = list(by_family.values())
     print(format_sweep(dict(cells=cells)))
     impossible = cpu_impossible(cells)
     if impossible:
@@ -327,7 +332,9 @@ def parse_args(argv: Optional[List[str]] = None):
     t.add_argument('--out', default=osp.join(HERE, 'zoo_static.json'))
     t.set_defaults(func=static)
     m = sub.add_parser('markdown', help='the RESULTS.md tables')
-    m.add_argument('sweeps', nargs='+', help='sweep JSON files')
+    m.add_argument(
+        'sweeps', nargs='+', help='sweep JSON files (later ones win)'
+    )
     m.add_argument('--static', help='the static pass JSON')
     m.set_defaults(func=markdown)
     args = parser.parse_args(argv)

@@ -246,7 +246,7 @@ def build_cell_config(
     notes += switch_dataset(cfg, kind, root, num_classes)
     notes += scale_image_sizes(
         dataset_pipelines(cfg.train_dataloader.dataset),
-        cfg.model.get('data_preprocessor'),
+        cfg.model,
         img_side or TARGET_SIDE[package],
     )
     if fault is not None:
@@ -435,7 +435,7 @@ def run_cell(
     """
     from mmengine.hooks import EMAHook
     from mmengine.registry import RUNNERS
-    from mmengine.runner import Runner
+    from mmengine.runner import BaseLoop, Runner
 
     from mmnanguard.testing import tensors_all_finite
 
@@ -495,9 +495,11 @@ def run_cell(
     if runner is None or result.get('stage') == 'build':
         return result
     ema = next((h for h in runner.hooks if isinstance(h, EMAHook)), None)
+    # runner.iter builds the train loop if train() failed before it did
+    loop = getattr(runner, '_train_loop', None)
     result.update(
         _model_facts(runner),
-        final_iter=runner.iter,
+        final_iter=loop.iter if isinstance(loop, BaseLoop) else 0,
         changed_params=probe.changed,
         incidents=_incidents(work_dir),
         weights_finite=tensors_all_finite(runner.model.state_dict()),

@@ -54,10 +54,15 @@ SWEEP_SUBSET = (
 #: Family -> (longest side of the scaled resize target, why), where the
 #: package's default (``zoo_cell.TARGET_SIDE``) is too small.
 IMG_SIDE: Dict[str, Tuple[int, str]] = {
+    'mmseg/mobilenet_v3': (
+        2048,
+        "the LR-ASPP head's pooling kernel (49) and stride are fixed for "
+        '512 x 1024 crops: not shrunk',
+    ),
     'mmdet/dino': (
-        384,
+        640,
         'DINO takes its 900 queries from the encoder tokens: fewer than '
-        '900 tokens on images of 256 px',
+        '900 tokens on (square) images under 224 px',
     ),
 }
 #: Family -> (config, why it is chosen by hand).

@@ -45,7 +45,7 @@ def _yn(value: Optional[bool]) -> str:
 
 
 def _short(text: Any, limit: int = 120) -> str:
-    text = re.sub(r'/\S*/site-packages/', '', str(text or ''))
+    text = re.sub(r'\S*site-packages/', '', str(text or ''))
     text = text.replace('|', '/').replace('\n', ' ')
     return text if len(text) <= limit else text[: limit - 3] + '...'
 
@@ -62,6 +62,9 @@ def _note(cell: Dict[str, Any]) -> str:
         return 'failed: ' + ', '.join(failed)
     source = bare if outcome != 'nanguard' and bare else guard
     note = _short(source.get('detail'))
+    imports = re.search(r"'imports': (\[[^\]]*\])", note)
+    if imports:  # a failed custom_imports: name the modules only
+        note = f'custom_imports {imports.group(1)}'
     if outcome in ('upstream', 'nanguard'):
         note = f'{note}: {_short(source.get("error"), 160)}'
     safe = cell.get('safe_modules')
@@ -197,13 +200,30 @@ def format_static(data: Dict[str, Any]) -> str:
             + ', '.join(f'`{g}`' for g in group[:6])
             + (' ...' if len(group) > 6 else '')
         )
+    ops = collections.defaultdict(list)
+    for c in configs:
+        for op in c.get('cpu_kernels') or []:
+            ops[op].append(c['config'])
+    if ops:
+        lines += [
+            '',
+            'Configs whose model uses a module that runs an mmcv op without '
+            'a CPU kernel (`zoo_static.CPU_KERNEL_TYPES`): '
+            f'{len({c for v in ops.values() for c in v})}',
+        ]
+        for op, group in sorted(ops.items()):
+            lines.append(
+                f'* `{op}`: {len(group)} ('
+                + ', '.join(sorted({g.split('/')[0] for g in group}))
+                + ')'
+            )
     warnings = collections.Counter(
-        re.sub(r"'[^']*'|\d+", '_', w)[:100]
+        w.split('. To turn')[0]
         for c in configs
         for w in c.get('warnings') or []
     )
     if warnings:
         lines += ['', 'Checks the include turned off (WARNING notes):']
         for text, n in warnings.most_common():
-            lines.append(f'* {n} x {_short(text)}')
+            lines.append(f'* {n} x {_short(text, 200)}')
     return '\n'.join(lines) + '\n'

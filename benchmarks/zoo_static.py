@@ -39,6 +39,39 @@ STATUSES = (
 )
 
 
+#: Module type (in a model config) -> the mmcv 2.0.1 op without a CPU
+#: kernel that it runs in training (read off the modules' code; the
+#: training sweep shows each of them stop a family).
+CPU_KERNEL_TYPES = {
+    'RotatedIoULoss': 'diff_iou_rotated',
+    'ConvexGIoULoss': 'convex_giou',
+    'BCConvexGIoULoss': 'convex_giou',
+    'MaxConvexIoUAssigner': 'convex_iou',
+    'SASAssigner': 'convex_iou',
+    'ConvexAssigner': 'convex_iou',
+    'RotatedRepPointsHead': 'min_area_polygons',
+    'OrientedRepPointsHead': 'min_area_polygons',
+    'RiRoIAlignRotated': 'riroi_align_rotated',
+    'FPN_CARAFE': 'carafe',
+    'carafe': 'carafe',
+}
+
+
+def cpu_kernel_ops(cfg: Any) -> List[str]:
+    """The ops of :data:`CPU_KERNEL_TYPES` that a model config uses."""
+    found = set()
+    if isinstance(cfg, dict):
+        name = str(cfg.get('type', '')).rpartition('.')[2]
+        if name in CPU_KERNEL_TYPES:
+            found.add(CPU_KERNEL_TYPES[name])
+        for value in cfg.values():
+            found.update(cpu_kernel_ops(value))
+    elif isinstance(cfg, (list, tuple)):
+        for value in cfg:
+            found.update(cpu_kernel_ops(value))
+    return sorted(found)
+
+
 def _error(err: BaseException) -> str:
     text = f'{type(err).__name__}: {err}'.strip().splitlines()
     return (text[0] if text else type(err).__name__)[:400]
@@ -73,7 +106,8 @@ def _inserted_transforms(cfg: Any) -> List[Dict[str, Any]]:
 
 
 def build_added_pieces(cfg: Any) -> List[str]:
-    """Build the guard's hooks and the inserted ``ValidateAnnotations``.
+    """Build the guard's hooks (every hook of ``nanguard.hooks``, the
+    AMP-only ones too) and every inserted ``ValidateAnnotations``.
 
     Args:
         cfg (Config): The rewritten config.
@@ -104,7 +138,8 @@ def static_check(config: str, tmp_dir: str) -> Dict[str, Any]:
 
     Returns:
         dict: ``status`` (one of :data:`STATUSES`), ``error``, ``warnings``
-        (the runner's WARNING notes), ``built``, ``has_model``, ``wall_s``.
+        (the runner's WARNING notes), ``built``, ``has_model``,
+        ``cpu_kernels`` (:func:`cpu_kernel_ops`), ``wall_s``.
     """
     from zoo_cell import load_with_include
     from zoo_families import family_of
@@ -125,6 +160,7 @@ def static_check(config: str, tmp_dir: str) -> Dict[str, Any]:
         result['wall_s'] = round(time.perf_counter() - start, 2)
         return result
     result['has_model'] = isinstance(cfg.get('model'), dict)
+    result['cpu_kernels'] = cpu_kernel_ops(cfg.get('model'))
     try:
         rewritten, notes = rewrite_config(cfg)
     except (TypeError, ValueError) as err:

@@ -15,7 +15,8 @@ mmengine's ``KeyError: 'SafeGDLoss is not in the mmdet::model registry'``.
 ``type='mmrotate.X'`` names a package that is missing.
 """
 
-import importlib
+import warnings
+from importlib import import_module
 from typing import Any, Callable, Dict, Iterable, Optional, Tuple
 
 from mmengine.registry import Registry
@@ -41,7 +42,7 @@ def unavailable_reason(package: str) -> Optional[str]:
     The package is imported once (after :mod:`mmnanguard.compat` has mended
     the stack). An upstream version check that fails on import (mmrotate
     1.0.0rc1 asserts ``mmdet <= 3.1.0``) counts as not importable, with its
-    message as the reason.
+    message as the reason, and is reported once with a warning.
 
     Args:
         package (str): An import name from :data:`INSTALL`.
@@ -59,7 +60,7 @@ def unavailable_reason(package: str) -> Optional[str]:
         )
     if package not in _STATUS:
         try:
-            importlib.import_module(package)
+            import_module(package)
             _STATUS[package] = None
         except ModuleNotFoundError as err:
             if err.name != package:
@@ -68,6 +69,13 @@ def unavailable_reason(package: str) -> Optional[str]:
                 _STATUS[package] = 'it is not installed'
         except (ImportError, AssertionError) as err:
             _STATUS[package] = f'it fails to import: {err!r}'
+        if _STATUS[package] not in (None, 'it is not installed'):
+            warnings.warn(
+                f'mmnanguard: {package} is installed, but '
+                f'{_STATUS[package]}; the mmnanguard modules that need it '
+                'are not registered',
+                stacklevel=2,
+            )
     return _STATUS[package]
 
 

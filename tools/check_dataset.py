@@ -22,6 +22,7 @@ from mmengine.config import Config, DictAction
 
 import mmnanguard  # noqa: F401  (stack mends before mmrotate is imported)
 from mmnanguard.datasets.scan import DatasetScan, format_report
+from mmnanguard.optional import MissingPackageError
 
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
@@ -90,7 +91,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             min_size=args.min_size,
             seed=args.seed,
         )
-    except (ValueError, FileNotFoundError) as err:
+    except (ValueError, FileNotFoundError, MissingPackageError) as err:
         print(f'error: {err}', file=sys.stderr)
         return 2
     report = scan.run(progress=not args.no_progress)

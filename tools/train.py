@@ -218,6 +218,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     except Exception as err:  # any config error: one paragraph, exit 2
         return refuse(f'invalid configuration {args.config!r}', err)
     prepare_cpu_distributed(cfg, args.launcher)
+    if args.smoke_test:  # the config doctor's findings come first
+        from mmnanguard.analysis.doctor import doctor_summary
+
+        print(doctor_summary(cfg), flush=True)
     try:
         if 'runner_type' in cfg:
             runner = RUNNERS.build(cfg)

@@ -55,6 +55,10 @@ RESNET_KEPT_KEYS = (
 #: backbone with one of them keeps its depth (deformable convolutions and
 #: plugins are the point of configs that set them).
 BOTTLENECK_ONLY_KEYS = ('dcn', 'plugins', 'gen_attention')
+#: Necks that hand some backbone outputs to the heads unchanged (JPU): a
+#: head's ``in_channels`` may then be a backbone width or the neck's own,
+#: so the backbone keeps its depth.
+PASS_THROUGH_NECKS = ('JPU',)
 #: Normalisation layer types replaced by ``BN`` (the part after the scope).
 SYNC_NORMS = ('SyncBN', 'MMSyncBN', 'NaiveSyncBN', 'naiveSyncBN')
 #: Keys of a head config that take the backbone's channels directly.
@@ -90,13 +94,17 @@ def replace_resnet_backbone(model: Dict[str, Any]) -> Optional[Dict[int, int]]:
 
     Returns:
         dict or None: Old stage width -> new stage width, or None when the
-        backbone is not ResNet-like or has deformable convolutions or
-        plugins (nothing changed).
+        backbone is not ResNet-like, has deformable convolutions or
+        plugins, or feeds a pass-through neck (nothing changed).
     """
     backbone = model.get('backbone')
     name = _short_type(backbone)
-    if name not in RESNET_LIKE or any(
-        backbone.get(key) for key in BOTTLENECK_ONLY_KEYS
+    necks = model.get('neck')
+    necks = necks if isinstance(necks, (list, tuple)) else [necks]
+    if (
+        name not in RESNET_LIKE
+        or any(backbone.get(key) for key in BOTTLENECK_ONLY_KEYS)
+        or any(_short_type(n) in PASS_THROUGH_NECKS for n in necks)
     ):
         return None
     scope = backbone['type'][: -len(name)]
@@ -307,29 +315,33 @@ def _resize_sides(cfg: Any, keys: Sequence[str]) -> List[float]:
     return [v for v in found if v >= 32]
 
 
-def _scale_sizes(cfg: Any, factor: float, path: str) -> List[str]:
+def _scale_sizes(
+    cfg: Any, factor: float, path: str, keys: Sequence[str] = SIZE_KEYS
+) -> List[str]:
     done: List[str] = []
     if isinstance(cfg, dict):
         for key, value in cfg.items():
-            if key in SIZE_KEYS:
+            if key in keys:
                 new = _scale_value(value, factor)
                 if new != value:
                     cfg[key] = new
                     done.append(f'{path}.{key}: {value} -> {new}')
             else:
-                done += _scale_sizes(value, factor, f'{path}.{key}')
+                done += _scale_sizes(value, factor, f'{path}.{key}', keys)
     elif isinstance(cfg, (list, tuple)):
         for i, value in enumerate(cfg):
-            done += _scale_sizes(value, factor, f'{path}[{i}]')
+            done += _scale_sizes(value, factor, f'{path}[{i}]', keys)
     return done
 
 
 def scale_image_sizes(
     pipelines: Sequence[list],
-    preprocessor: Optional[Dict[str, Any]],
+    model: Optional[Dict[str, Any]],
     target: int,
 ) -> List[str]:
-    """Scale every image size of the pipelines and the data preprocessor.
+    """Scale every image size of the pipelines and of the model: its data
+    preprocessor's, and a backbone's ``img_size`` (the position grid of a
+    ViT or BEiT).
 
     The factor makes the long side of the smallest resize target
     (``scale``, ``img_scale``, ``scales``; else of ``crop_size``) ``target``
@@ -341,7 +353,7 @@ def scale_image_sizes(
 
     Args:
         pipelines (list[list]): The training pipelines, changed in place.
-        preprocessor (dict, optional): ``model.data_preprocessor``.
+        model (dict, optional): The model config, changed in place.
         target (int): Longest side, in pixels, of the scaled resize target.
 
     Returns:
@@ -358,8 +370,15 @@ def scale_image_sizes(
     notes = [f'image sizes x{factor:.3f}']
     for i, pipeline in enumerate(pipelines):
         notes += _scale_sizes(pipeline, factor, f'pipeline[{i}]')
-    if isinstance(preprocessor, dict):
-        notes += _scale_sizes(preprocessor, factor, 'model.data_preprocessor')
+    model = model if isinstance(model, dict) else {}
+    if isinstance(model.get('data_preprocessor'), dict):
+        notes += _scale_sizes(
+            model['data_preprocessor'], factor, 'model.data_preprocessor'
+        )
+    if isinstance(model.get('backbone'), dict):
+        notes += _scale_sizes(
+            model['backbone'], factor, 'model.backbone', ('img_size',)
+        )
     return notes
 
 

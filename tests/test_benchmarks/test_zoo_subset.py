@@ -216,7 +216,12 @@ def test_scale_image_sizes_by_one_factor():
         dict(type='Pad', size_divisor=32),
     ]
     preprocessor = dict(size=(800, 800))
-    scale_image_sizes([pipeline], preprocessor, target=256)
+    backbone = dict(type='VisionTransformer', img_size=(512, 512))
+    scale_image_sizes(
+        [pipeline],
+        dict(data_preprocessor=preprocessor, backbone=backbone),
+        target=256,
+    )
     f = 256 / 1333
 
     def expected(v):  # nearest multiple of 32, at least 32
@@ -226,6 +231,7 @@ def test_scale_image_sizes_by_one_factor():
     assert pipeline[1]['crop_size'] == (expected(384), expected(600))
     assert pipeline[2] == dict(type='Pad', size_divisor=32)
     assert preprocessor['size'] == (160, 160)
+    assert backbone['img_size'] == (expected(512), expected(512)) == (96, 96)
 
 
 def test_scale_image_sizes_takes_the_smallest_resize_target():
@@ -259,3 +265,29 @@ def test_classify_error_names_the_missing_cpu_kernel():
     assert classify_error(
         "ModuleNotFoundError: No module named 'mmpretrain'", []
     ) == dict(category='missing_dependency', detail='mmpretrain')
+
+
+def test_static_check_rewrites_an_upstream_config(tmp_path):
+    from zoo_static import static_check
+
+    result = static_check(
+        'mmrotate::s2anet/s2anet-le90_r50_fpn_1x_dota.py', str(tmp_path)
+    )
+    assert result['status'] == 'ok', result.get('error')
+    assert result['warnings'] == []
+    # the guard, the include's two extra hooks (the AMP-only one too: it
+    # is built whether the runner would add it or not) and the data check
+    # inserted into the one training pipeline
+    assert result['built'] == [
+        'NanGuardHook',
+        'AmpScaleMonitorHook',
+        'NanDiagnosisHook',
+        'ValidateAnnotations',
+    ]
+    # S2ANet's modules all have CPU kernels; rotated FCOS's IoU loss not
+    assert result['cpu_kernels'] == []
+    fcos = static_check(
+        'mmrotate::rotated_fcos/rotated-fcos-le90_r50_fpn_1x_dota.py',
+        str(tmp_path),
+    )
+    assert fcos['cpu_kernels'] == ['diff_iou_rotated']

@@ -7,6 +7,7 @@ gone, with the iterations before it unchanged."""
 
 import glob
 import os.path as osp
+import uuid
 
 import numpy as np
 import pytest
@@ -195,6 +196,9 @@ def test_upstream_rotated_iou_loss_trains_on_the_cpu(
 def _build(config, tmp_path, **overrides):
     cfg = Config.fromfile(config)
     cfg.work_dir = str(tmp_path / 'work')
+    # unique: mmengine reuses the logger (and its log file) of a name it
+    # has seen, and every config here is called config.py
+    cfg.experiment_name = f'safe_modules_{uuid.uuid4().hex[:8]}'
     cfg.merge_from_dict(overrides)
     return RUNNERS.build(cfg)
 

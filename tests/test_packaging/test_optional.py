@@ -195,3 +195,43 @@ def test_dataset_scan_refuses_a_missing_scope(missing, tmp_path):
     assert str(info.value).startswith(
         f"{path}: default_scope='mmseg' needs mmseg, but it is not installed"
     )
+
+
+@pytest.mark.parametrize(
+    'error,reason',
+    [
+        (
+            ModuleNotFoundError("No module named 'mmseg'", name='mmseg'),
+            'it is not installed',
+        ),
+        (
+            ModuleNotFoundError("No module named 'ftfy'", name='ftfy'),
+            "it fails to import: No module named 'ftfy'",
+        ),
+        (
+            AssertionError('MMCV==2.2.0 is used but incompatible'),
+            "it fails to import: AssertionError('MMCV==2.2.0 is used but "
+            "incompatible')",
+        ),
+    ],
+)
+def test_reason_tells_missing_from_broken(monkeypatch, error, reason):
+    def refuse(name):
+        raise error
+
+    monkeypatch.delitem(optional._STATUS, 'mmseg', raising=False)
+    monkeypatch.setattr(optional, 'import_module', refuse)
+    if reason == 'it is not installed':
+        assert optional.unavailable_reason('mmseg') == reason
+    else:  # installed but broken: said once, not only when a config uses it
+        with pytest.warns(UserWarning) as seen:
+            assert optional.unavailable_reason('mmseg') == reason
+        assert [str(w.message) for w in seen] == [
+            f'mmnanguard: mmseg is installed, but {reason}; the mmnanguard '
+            'modules that need it are not registered'
+        ]
+    assert not optional.is_available('mmseg')
+    assert optional.missing_message('X', 'mmseg', False) == (
+        f'X needs mmseg, but {reason}. Install it with pip install '
+        '"mmnanguard[seg]" (mmsegmentation 1.2.2).'
+    )

@@ -4,7 +4,10 @@ a clear message instead of a traceback for bad input."""
 
 import importlib.util
 import json
+import os
 import os.path as osp
+import subprocess
+import sys
 
 import pytest
 
@@ -102,3 +105,31 @@ def test_summary_for_the_smoke_test_reads_the_world_size(monkeypatch):
     assert '8x too high' in single
     monkeypatch.setenv('WORLD_SIZE', '8')
     assert 'lr-above-linear-scaling' not in doctor_summary(cfg)
+
+
+def test_smoke_test_prints_the_findings_first(tiny_dota_root, tmp_path):
+    train = osp.join(REPO, 'tools', 'train.py')
+    config = osp.join(
+        REPO, 'configs', 'tiny', 'rotated-retinanet-rbox-le90_r18_tiny-dota.py'
+    )
+    proc = subprocess.run(
+        [
+            sys.executable,
+            train,
+            config,
+            '--smoke-test',
+            '1',
+            '--work-dir',
+            str(tmp_path),
+            '--cfg-options',
+            f'train_dataloader.dataset.data_root={tiny_dota_root}/',
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=dict(os.environ, OMP_NUM_THREADS='1'),
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout
+    doctor = out.index('doctor: 1 finding(s)\n[warning] fragile-modules')
+    assert doctor < out.index('smoke test:\niter 1: ')

@@ -16,9 +16,11 @@ It checks, and exits 1 with one ``FAILED: ...`` line per failed check:
    placeholder whose build raises ``MissingPackageError`` naming mmrotate;
 3. every console entry point answers ``--help`` (exit 0, its own name);
 4. ``mmnanguard-train`` trains RetinaNet (``mmdet::`` config plus
-   ``mmnanguard::_base_/nanguard.py``, written here) 2 iterations with a
-   NaN gradient planted at iteration 1: exit 0, one ``nonfinite_grad``
-   incident at iteration 1 skipped, finite weights in the checkpoint;
+   ``mmnanguard::_base_/nanguard.py``, written here; then the same with
+   ``safe_modules.py``, which must swap in ``StableFocalLoss``) 2
+   iterations with a NaN gradient planted at iteration 1: exit 0, one
+   ``nonfinite_grad`` incident at iteration 1 skipped, finite weights and
+   the counters in the checkpoint;
 5. ``mmnanguard-check-dataset``, ``-doctor`` and ``-check-loss`` run on
    that config (exit 0, or 1 for findings; no traceback);
 6. configs that need mmrotate stop with exit 2 and a message naming it,
@@ -41,7 +43,7 @@ FAILURES: List[str] = []
 USER_CONFIG = """\
 _base_ = [
     'mmdet::retinanet/retinanet_r50_fpn_1x_coco.py',
-    'mmnanguard::_base_/nanguard.py',
+    'mmnanguard::_base_/{include}.py',
 ]
 data_root = {data_root!r}
 metainfo = dict(classes=('square', 'bar', 'block'))
@@ -99,16 +101,23 @@ NEEDS_MMROTATE = {
     'rotated_base.py': (
         "_base_ = ['mmnanguard::tiny/"
         "rotated-retinanet-rbox-le90_r18_tiny-dota.py']\n",
-        'mmrotate',
+        'mmrotate is not installed',
     ),
 }
 
 
-def check(ok: bool, what: str) -> bool:
-    """Record ``what`` as failed unless ``ok``; print the outcome."""
+#: The config of :data:`NEEDS_MMROTATE` that the dataset scan is run on.
+NEEDS_SCAN = 'rotated_scope.py'
+
+
+def check(ok: bool, what: str, detail: str = '') -> bool:
+    """Record ``what`` as failed unless ``ok``; print the outcome, with
+    ``detail`` (e.g. the end of a command's stderr) only on failure."""
     print(f'[wheel-smoke] {"ok" if ok else "FAILED"}: {what}', flush=True)
     if not ok:
         FAILURES.append(what)
+        if detail:
+            print(detail, flush=True)
     return ok
 
 
@@ -220,30 +229,45 @@ def check_help() -> None:
         check(
             result['rc'] == 0 and f'usage: {name}.py' in result['out'],
             f'{command} --help: exit {result["rc"]} in '
-            f'{result["seconds"]:.1f} s {result["err"][-300:]}',
+            f'{result["seconds"]:.1f} s',
+            str(result['err'])[-2000:],
         )
 
 
-def check_training(folder: str) -> None:
-    """A user config with the include trains and reports the NaN grad."""
+def check_training(folder: str, include: str, swap: str = '') -> None:
+    """A user config with the include trains and reports the NaN grad.
+
+    Args:
+        folder (str): The user's project folder.
+        include (str): ``nanguard`` or ``safe_modules``
+            (``mmnanguard::_base_/INCLUDE.py``).
+        swap (str): A module swap the run must log, e.g.
+            ``'FocalLoss -> StableFocalLoss'``.
+    """
     from mmengine.runner import CheckpointLoader
 
     from mmnanguard.datagen import generate_coco
     from mmnanguard.testing import tensors_all_finite
 
     data_root = osp.join(folder, 'data', 'tiny_coco', '')
-    generate_coco(data_root, num_images=4, img_size=128, seed=0)
-    config = osp.join(folder, 'user_retinanet.py')
+    if not osp.isdir(data_root):
+        generate_coco(data_root, num_images=4, img_size=128, seed=0)
+    name = 'user_retinanet.py' if include == 'nanguard' else f'{include}.py'
+    config = osp.join(folder, name)
     with open(config, 'w') as f:
-        f.write(USER_CONFIG.format(data_root=data_root))
-    work_dir = osp.join(folder, 'work_dir')
+        f.write(USER_CONFIG.format(data_root=data_root, include=include))
+    work_dir = osp.join(folder, f'work_dir_{include}')
     result = run(['mmnanguard-train', config, '--work-dir', work_dir])
     if not check(
         result['rc'] == 0,
-        f'mmnanguard-train trains 2 iterations: exit {result["rc"]} in '
-        f'{result["seconds"]:.1f} s {result["err"][-2000:]}',
+        f'mmnanguard-train {name} (mmnanguard::_base_/{include}.py) trains '
+        f'2 iterations: exit {result["rc"]} in {result["seconds"]:.1f} s',
+        str(result['err'])[-4000:],
     ):
         return
+    if swap:
+        text = str(result['out']) + str(result['err'])
+        check(swap in text, f'the run logs the module swap {swap!r}')
     reports = sorted(
         glob.glob(osp.join(work_dir, 'nanguard', 'incident_*', 'report.json'))
     )
@@ -286,7 +310,8 @@ def check_analysis_tools(folder: str) -> None:
         check(
             result['rc'] in allowed and 'Traceback' not in text,
             f'{command} user_retinanet.py: exit {result["rc"]} (expected '
-            f'{allowed}) {str(result["err"])[-600:]}',
+            f'{allowed})',
+            text[-2000:],
         )
 
 
@@ -302,9 +327,18 @@ def check_needs_mmrotate(folder: str) -> None:
             result['rc'] == 2
             and expected in err
             and 'Traceback' not in err + str(result['out']),
-            f'{name}: exit {result["rc"]}, stderr has {expected!r} and no '
-            f'traceback ({err[-600:]})',
+            f'mmnanguard-train {name}: exit {result["rc"]}, stderr has '
+            f'{expected!r} and no traceback',
+            err[-2000:],
         )
+    result = run(['mmnanguard-check-dataset', osp.join(folder, NEEDS_SCAN)])
+    err = str(result['err'])
+    check(
+        result['rc'] == 2 and "default_scope='mmrotate' needs mmrotate" in err,
+        f'mmnanguard-check-dataset {NEEDS_SCAN}: exit {result["rc"]} '
+        f'names mmrotate',
+        err[-2000:],
+    )
 
 
 def main(argv: Sequence[str] = None) -> int:
@@ -319,7 +353,10 @@ def main(argv: Sequence[str] = None) -> int:
         lambda: check_wheel_contents(args.wheel, args.source),
         check_registries,
         check_help,
-        lambda: check_training(folder),
+        lambda: check_training(folder, 'nanguard'),
+        lambda: check_training(
+            folder, 'safe_modules', 'FocalLoss -> StableFocalLoss'
+        ),
         lambda: check_analysis_tools(folder),
         lambda: check_needs_mmrotate(folder),
     ]

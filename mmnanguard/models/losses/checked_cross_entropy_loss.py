@@ -312,7 +312,7 @@ class CheckedCrossEntropyLoss(nn.Module):
             # mmseg's kernels need an int; mmdet's take None as -100 and
             # its mask cross-entropy refuses anything but None
             ignore_index = checked_ignore
-        return self.loss(
+        loss = self.loss(
             cls_score,
             label,
             weight,
@@ -320,6 +320,36 @@ class CheckedCrossEntropyLoss(nn.Module):
             reduction_override=reduction_override,
             ignore_index=ignore_index,
             **kwargs,
+        )
+        if self._is_empty_mean(cls_score, avg_factor, reduction_override):
+            # mmdet's mean over 0 samples is 0 / 0 = nan: a zero of the
+            # same shape instead, with a (zero-size) gradient to the scores
+            return torch.zeros_like(loss) + cls_score.sum()
+        return loss
+
+    def _is_empty_mean(
+        self,
+        cls_score: Tensor,
+        avg_factor: Optional[Union[int, float]],
+        reduction_override: Optional[str],
+    ) -> bool:
+        """Whether this is mmdet's NaN case: a 'mean' without
+        ``avg_factor`` over zero scores (mmseg's is finite already).
+
+        Args:
+            cls_score (Tensor): Class scores.
+            avg_factor (int | float, optional): Divisor of the mean.
+            reduction_override (str, optional): The call's reduction.
+
+        Returns:
+            bool: True where the upstream loss is 0 / 0.
+        """
+        reduction = reduction_override or self.loss.reduction
+        return (
+            self.impl == 'mmdet'
+            and cls_score.numel() == 0
+            and reduction == 'mean'
+            and avg_factor is None
         )
 
     def takes_class_labels(self, cls_score: Tensor, label: Tensor) -> bool:

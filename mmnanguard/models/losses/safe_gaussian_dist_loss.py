@@ -165,7 +165,11 @@ def gwd_loss(
     whr = pred.sigma.diagonal(dim1=-2, dim2=-1).sum(-1)
     whr = whr + target.sigma.diagonal(dim1=-2, dim2=-1).sum(-1)
     t_tr = (pred.sigma @ target.sigma).diagonal(dim1=-2, dim2=-1).sum(-1)
-    t_det_sqrt = torch.exp(pred.log_det + target.log_det).clamp(1e-7).sqrt()
+    # the product of the two determinants, as upstream (each factor is
+    # finite; exp of the summed log overflows first and its backward is
+    # 0 * inf = nan)
+    t_det = torch.exp(pred.log_det) * torch.exp(target.log_det)
+    t_det_sqrt = t_det.clamp(1e-7).sqrt()
     whr = whr - 2 * (t_tr + 2 * t_det_sqrt).clamp(1e-7).sqrt()
     distance = (xy_distance + alpha * alpha * whr).clamp(1e-7).sqrt()
     if normalize:

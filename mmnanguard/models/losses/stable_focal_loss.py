@@ -55,7 +55,8 @@ def _prob_terms(
     """``(nll, log(1 - p_t), alpha_t)`` from probabilities, in fp32.
 
     ``nll`` is ``F.binary_cross_entropy`` (upstream's value, its log
-    clamped at -100, and its gradient, finite at 0 and 1). ``1 - p_t`` is
+    clamped at -100, and its gradient, except at exactly 0 and 1, where
+    the clamped value is flat and no BCE gradient flows). ``1 - p_t`` is
     floored at the smallest normal float before the ``log``, so the
     modulating factor's gradient stays finite where it is 0.
     """
@@ -63,6 +64,13 @@ def _prob_terms(
         prob = prob.clamp(min=eps, max=1 - eps)
     t = target.float()
     nll = F.binary_cross_entropy(prob, t, reduction='none')
+    # At p = 0 and 1 BCE's backward divides by a 1e-12 floor (~1e12, inf
+    # on the way back to an fp16 input), while for a 0/1 target the value
+    # is flat there (the log is clamped at -100, or its weight is 0): no
+    # BCE gradient at those points, the value is kept. (A soft target
+    # loses its unclamped term's gradient there: 1 - t at 0, -t at 1.)
+    saturated = (prob == 0) | (prob == 1)
+    nll = torch.where(saturated, nll.detach(), nll)
     one_m_pt = (1 - prob) * t + prob * (1 - t)
     log_1mpt = one_m_pt.clamp(min=torch.finfo(torch.float32).tiny).log()
     return nll, log_1mpt, alpha * t + (1 - alpha) * (1 - t)

@@ -5,10 +5,12 @@ from mmdet.models.losses import CrossEntropyLoss as MMDetCE
 from mmengine.registry import DefaultScope
 from mmseg.models.losses import CrossEntropyLoss as MMSegCE
 
+from mmnanguard.analysis.loss_battery import battery_cases
 from mmnanguard.models.losses import (
     CheckedCrossEntropyLoss,
     check_cross_entropy_labels,
 )
+from mmnanguard.testing import assert_loss_stable
 
 NUM_CLASSES = 19
 
@@ -153,3 +155,35 @@ def test_build_from_config_in_scope(scope):
             assert isinstance(loss, CheckedCrossEntropyLoss)
             assert loss.impl == ('mmseg' if scope == 'mmseg' else 'mmdet')
             assert loss.loss.loss_weight == 2.0
+
+
+@pytest.mark.parametrize('use_sigmoid', [False, True])
+def test_battery_mmdet_mean_over_zero_samples(use_sigmoid):
+    """The battery's 'no targets (0 samples)' case: mmdet's mean is
+    0 / 0 = nan there; ours is 0 with a zero gradient, and equals
+    upstream where upstream is finite on 0 samples."""
+    loss = CheckedCrossEntropyLoss(impl='mmdet', use_sigmoid=use_sigmoid)
+    assert_loss_stable(loss, kind='classification')
+    name = 'no targets (0 samples)'
+    case = next(
+        c for c in battery_cases(loss, 'classification') if c.name == name
+    )
+    (scores, labels), kwargs = case.make()
+    assert scores.numel() == 0 and not kwargs
+    ref = MMDetCE(use_sigmoid=use_sigmoid)
+    assert torch.isnan(ref(scores.detach(), labels))
+    x = scores.detach().clone().requires_grad_()
+    out = loss(x, labels)
+    out.backward()
+    assert out.shape == ref(scores.detach(), labels).shape
+    assert out.item() == 0 and x.grad.shape == x.shape
+    for kw in (
+        dict(reduction_override='sum'),
+        dict(avg_factor=0),
+        dict(avg_factor=3.0),
+        dict(reduction_override='none'),
+    ):
+        torch.testing.assert_close(
+            loss(scores.detach(), labels, **kw),
+            ref(scores.detach(), labels, **kw),
+        )

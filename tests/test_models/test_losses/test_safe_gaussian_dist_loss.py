@@ -7,7 +7,9 @@ from mmengine.registry import DefaultScope
 from mmrotate.models.losses import GDLoss
 
 import mmnanguard  # noqa: F401  (before mmrotate.models)
+from mmnanguard.analysis.loss_battery import battery_cases
 from mmnanguard.models.losses import SafeGDLoss
+from mmnanguard.testing import assert_loss_stable
 
 LOSS_TYPES = ['kld', 'jd', 'kld_symmax', 'kld_symmin', 'gwd']
 
@@ -232,3 +234,34 @@ def test_build_from_config_in_mmrotate_scope():
                 1.0,
                 5.5,
             )
+
+
+def test_battery_gwd_boxes_of_1e6_px():
+    """The battery's 'boxes of 1e6 px' case for 'gwd': the product of the
+    two determinants overflows fp32, as upstream's does (value 0, as
+    upstream); its backward was 0 * inf = nan."""
+    loss = SafeGDLoss(loss_type='gwd')
+    assert_loss_stable(loss, kind='gaussian')
+    name = 'boxes of 1e6 px'
+    case = next(c for c in battery_cases(loss, 'gaussian') if c.name == name)
+    (pred, target), _ = case.make()
+    pred = pred.detach()
+    value, grad = _loss_and_grad(loss, pred, target)
+    assert torch.isfinite(value) and torch.isfinite(grad).all()
+    up_value, up_grad = _loss_and_grad(GDLoss('gwd'), pred, target)
+    torch.testing.assert_close(value, up_value)
+    torch.testing.assert_close(grad, up_grad)
+    # by hand: det = (w h / 4)^2 per box; their product is above the fp32
+    # range, so normalize divides by inf and log1p(0) = 0
+    wh = torch.cat((pred[:, 2:4], target[:, 2:4]), 1).double()
+    det_product = (wh.prod(1) / 16).square()
+    assert (det_product > torch.finfo(torch.float32).max).all()
+    assert value == 0
+    # in float64 nothing overflows: ours and upstream agree, non-zero
+    value64, grad64 = _loss_and_grad(loss, pred.double(), target.double())
+    up64, up_grad64 = _loss_and_grad(
+        GDLoss('gwd'), pred.double(), target.double()
+    )
+    assert value64 > 0
+    torch.testing.assert_close(value64, up64)
+    torch.testing.assert_close(grad64, up_grad64)

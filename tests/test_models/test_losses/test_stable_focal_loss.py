@@ -6,7 +6,9 @@ from mmdet.models.losses import FocalLoss
 from mmdet.models.losses.focal_loss import py_sigmoid_focal_loss
 from mmengine.registry import DefaultScope
 
+from mmnanguard.analysis.loss_battery import battery_cases
 from mmnanguard.models.losses import StableFocalLoss
+from mmnanguard.testing import assert_loss_stable
 
 NUM_CLASSES = 5
 
@@ -282,3 +284,36 @@ def test_build_from_config_in_scope(scope):
             loss = registry.MODELS.build(dict(cfg, type=type_name))
             assert isinstance(loss, StableFocalLoss)
             assert (loss.gamma, loss.alpha) == (1.5, 0.3)
+
+
+def test_battery_fp16_saturated_probabilities():
+    """The battery's 'fp16 autocast, logits ±1e4' case with
+    ``activated=True``: probabilities exactly 0 and 1 in fp16. BCE's
+    backward gave ~1e12 there (inf in fp16); the value is mmdet's."""
+    loss = StableFocalLoss(activated=True)
+    assert_loss_stable(loss, kind='classification')
+    name = 'fp16 autocast, logits ±1e4'
+    case = next(
+        c for c in battery_cases(loss, 'classification') if c.name == name
+    )
+    (probs, labels), kwargs = case.make()
+    p = probs.detach().half().requires_grad_()
+    with torch.autocast('cpu', dtype=torch.float16):
+        out = loss(p, labels, **kwargs)
+    out.backward()
+    assert torch.isfinite(out) and torch.isfinite(p.grad).all()
+    pd = p.detach().double()
+    assert ((pd == 0) | (pd == 1)).all() and (pd == 0).any()
+    up = FocalLoss(activated=True)(p.detach().float(), labels)
+    torch.testing.assert_close(out, up)
+    # by hand: alpha_t (1 - p_t)^2 min(-log p_t, 100); the clamped nll is
+    # flat, so the gradient is the modulating factor's alone
+    c = p.size(1)
+    t = F.one_hot(labels, c + 1)[:, :c].double()
+    p_t = pd * t + (1 - pd) * (1 - t)
+    nll = (-torch.log(p_t)).clamp(max=100)
+    alpha_t = 0.25 * t + 0.75 * (1 - t)
+    expected = (alpha_t * (1 - p_t) ** 2 * nll).mean()
+    torch.testing.assert_close(out.double(), expected)
+    grad = alpha_t * nll * 2 * (1 - p_t) * (1 - 2 * t) / p.numel()
+    torch.testing.assert_close(p.grad.double(), grad, rtol=1e-3, atol=0)
