@@ -38,6 +38,7 @@ import os
 import os.path as osp
 import platform
 import re
+import shutil
 import sys
 import tempfile
 import time
@@ -229,6 +230,8 @@ def sweep(args) -> int:
         _write(
             args.out, dict(meta=_meta(args, started), cells=cells), work_root
         )
+        # the cell's checkpoints and incidents are summarised in the JSON
+        shutil.rmtree(cell_dir, ignore_errors=True)
     return 0
 
 

@@ -24,7 +24,8 @@ nanguard = dict(
     # only); each is added unless the config already has one of its type
     hooks=[
         dict(type='AmpScaleMonitorHook', when='amp'),  # loss-scale collapse
-        dict(type='NanDiagnosisHook'),  # replay + cause of the 1st incident
+        # replay + cause of every distinct incident
+        dict(type='NanDiagnosisHook'),
     ],
     # every built CrossEntropyLoss that takes class labels is wrapped by
     # CheckedCrossEntropyLoss (mask losses and binary targets are left

@@ -120,7 +120,7 @@ def _backward_remedy(
         'use the safe loss.'
     )
     lines.append(
-        '`python tools/replay.py INCIDENT_DIR --anomaly` names '
+        '`python tools/replay.py INCIDENT_DIR --config CFG --anomaly` names '
         'the failing op with its forward traceback.'
     )
     return lines
