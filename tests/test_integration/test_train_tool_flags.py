@@ -5,6 +5,7 @@ be built (one paragraph, exit 2), and ``make demo`` itself."""
 
 import glob
 import json
+import os
 import os.path as osp
 import re
 import subprocess
@@ -215,12 +216,20 @@ def test_resume_continues_counters_and_snapshots(tiny_dota_root, tmp_path):
 def test_make_demo(tmp_path):
     """The recipe of ``make demo`` (as ``make -n`` prints it), run with a
     temporary work dir."""
+    # under an outer make (`make test`) a nested make would print its
+    # "Entering/Leaving directory" lines: run it as a top-level make
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ('MAKEFLAGS', 'MAKELEVEL', 'MFLAGS')
+    }
     recipe = subprocess.run(
-        ['make', '-n', 'demo'],
+        ['make', '--no-print-directory', '-n', 'demo'],
         cwd=REPO,
         capture_output=True,
         text=True,
         check=True,
+        env=env,
     ).stdout.splitlines()
     assert recipe[-1].split()[1:] == ['tools/demo.py']
     out = run_script(
