@@ -1,40 +1,53 @@
 # mmnanguard: `make demo` runs the main job, `make test` the test suite.
-# Both run `make setup` first, which builds .venv with the pinned stack
-# (the first time about 12 minutes: mmcv is compiled; afterwards seconds).
-# `make test` ends with `make test-wheel`: the built wheel, installed into
-# .venv-core (mmengine, mmcv, mmdet; no mmrotate, no mmseg), trains a
-# protected RetinaNet from a folder outside the repository.
-VENV ?= .venv
+# Both first build .venv, the development stack `rotate` (the first time
+# about 12 minutes: mmcv is compiled; afterwards seconds).
+# `make setup STACK=NAME` builds the venv of another supported stack
+# (tools/setup/stacks/define.sh: mmdet, onedl, core).
+# `make test` ends with `make test-stacks`: on each of core, mmdet and onedl
+# the built wheel, installed into that stack's venv, trains protected
+# configs from a folder outside the repository, and the tests marked
+# stack_smoke run against it.
+STACK ?= rotate
+VENV := .venv
 PY := $(VENV)/bin/python
 LINT_PATHS := mmnanguard tools tests benchmarks configs setup.py
+CHECKED_STACKS := core mmdet onedl
+WHEEL_STACK := $(if $(filter rotate,$(STACK)),core,$(STACK))
 
-.PHONY: setup core-env demo test test-wheel lint format bench clean
+.PHONY: setup dev demo test test-wheel test-stacks lint format bench clean
 
 setup:
-	@bash tools/setup/setup_env.sh
+	@STACK=$(STACK) bash tools/setup/setup_env.sh
 
-core-env: setup
-	@bash tools/setup/core_env.sh
+dev:
+	@STACK=rotate bash tools/setup/setup_env.sh
 
-demo: setup
+demo: dev
 	$(PY) tools/demo.py
 
-lint: setup
+lint: dev
 	$(PY) -m ruff check $(LINT_PATHS)
 	$(PY) -m ruff format --check $(LINT_PATHS)
 
-format: setup
+format: dev
 	$(PY) -m ruff check --fix $(LINT_PATHS)
 	$(PY) -m ruff format $(LINT_PATHS)
 
-test: setup lint
+test: dev lint
 	$(PY) -m pytest tests
-	@$(MAKE) --no-print-directory test-wheel
+	@$(MAKE) --no-print-directory test-stacks
 
-test-wheel: setup
-	@bash tools/setup/check_wheel.sh
+test-wheel:
+	@STACK=$(WHEEL_STACK) bash tools/setup/check_wheel.sh
 
-bench: setup
+test-stacks:
+	@failed=""; for stack in $(CHECKED_STACKS); do \
+	    STACK=$$stack bash tools/setup/check_wheel.sh || failed="$$failed $$stack"; \
+	done; \
+	if [ -n "$$failed" ]; then echo "[test-stacks] FAILED on:$$failed" >&2; exit 1; fi; \
+	echo "[test-stacks] passed on: $(CHECKED_STACKS)"
+
+bench: dev
 	$(PY) benchmarks/overhead.py
 
 clean:

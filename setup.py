@@ -74,15 +74,11 @@ if __name__ == '__main__':
             ]
         },
         python_requires='>=3.8',
-        install_requires=[
-            'mmengine>=0.10.0,<0.11',
-            'mmcv>=2.0.0,<2.1.0',
-            'mmdet>=3.0.0,<3.2.0',
-        ],
-        extras_require={
-            'rotate': ['mmrotate==1.0.0rc1'],
-            'seg': ['mmsegmentation>=1.2.0', 'ftfy', 'regex'],
-        },
+        # The toolboxes come from either OpenMMLab or the OneDL fork (same
+        # import names, other distributions), so they are extras, with the
+        # tested ranges of mmnanguard/supported_stacks.py.
+        install_requires=['numpy'],
+        extras_require=read_module('supported_stacks')['extras_require'](),
         entry_points={
             'console_scripts': read_module('cli')['CONSOLE_SCRIPTS']
         },

@@ -21,11 +21,11 @@ from typing import Any, Callable, Dict, Iterable, Optional, Tuple
 
 from mmengine.registry import Registry
 
-#: Optional package (import name) -> how to install it.
-INSTALL = {
-    'mmrotate': 'pip install "mmnanguard[rotate]" (mmrotate 1.0.0rc1)',
-    'mmseg': 'pip install "mmnanguard[seg]" (mmsegmentation 1.2.2)',
-}
+from mmnanguard.supported_stacks import OPTIONAL_EXTRAS, install_line
+
+#: Optional package (import name) -> how to install it, for the family
+#: (OpenMMLab or OneDL) of the installed mmdet.
+INSTALL = {name: install_line(name) for name in OPTIONAL_EXTRAS}
 
 #: import name -> None (importable) or why it is not; filled on first use.
 _STATUS: Dict[str, Optional[str]] = {}

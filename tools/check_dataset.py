@@ -14,15 +14,17 @@ Exit code: 0 without problems, 1 with problems, 2 for a bad invocation
 
 import argparse
 import json
-import os.path as osp
 import sys
 from typing import List, Optional
 
-from mmengine.config import Config, DictAction
+from mmengine.config import DictAction
 
 import mmnanguard  # noqa: F401  (stack mends before mmrotate is imported)
+from mmnanguard.analysis.cli import load_config, usage_error
 from mmnanguard.datasets.scan import DatasetScan, format_report
 from mmnanguard.optional import MissingPackageError
+
+PROG = 'tools/check_dataset.py'
 
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
@@ -74,15 +76,9 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
 
 def main(argv: Optional[List[str]] = None) -> int:
     args = parse_args(argv)
-    if not osp.isfile(args.config):
-        print(
-            f'error: config file {args.config!r} does not exist',
-            file=sys.stderr,
-        )
-        return 2
-    cfg = Config.fromfile(args.config)
-    if args.cfg_options:
-        cfg.merge_from_dict(args.cfg_options)
+    cfg, error = load_config(args.config, args.cfg_options)
+    if cfg is None:
+        return usage_error(PROG, error)
     try:
         scan = DatasetScan(
             cfg,
@@ -92,8 +88,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             seed=args.seed,
         )
     except (ValueError, FileNotFoundError, MissingPackageError) as err:
-        print(f'error: {err}', file=sys.stderr)
-        return 2
+        return usage_error(PROG, str(err))
     report = scan.run(progress=not args.no_progress)
     report['config'] = args.config
     print(format_report(report, max_rows=args.max_rows))

@@ -1,5 +1,5 @@
 # Copyright (c) mmnanguard contributors. All rights reserved.
-"""The one place where the known breakages of the pinned stack are mended.
+"""The one place where the known breakages of the supported stacks are mended.
 
 Each mend names the upstream versions that need it, checks whether it is
 needed on the running stack, and does nothing otherwise. They are applied by
@@ -11,13 +11,23 @@ mend                                   needed by
 :mod:`.collections_sequence`           mmrotate 1.0.0rc1 on Python >= 3.10
 :mod:`.checkpoint_allowlist`           mmengine <= 0.10.7 on torch >= 2.6
 :mod:`.mim_config_scope`               mmengine <= 0.10.7 (``mmnanguard::``)
+:mod:`.strict_torch_load`              onedl-mmengine 0.10.12 (unsafe
+                                       ``weights_only=False`` fallback)
+:mod:`.fork_config_scopes`             onedl-mmsegmentation 1.4.2
+                                       (``mmseg::`` config paths)
 :mod:`.cpu_distributed` (on demand)    mmengine <= 0.10.7, CPU-only torch
 =====================================  =====================================
 """
 
 from typing import Dict
 
-from . import checkpoint_allowlist, collections_sequence, mim_config_scope
+from . import (
+    checkpoint_allowlist,
+    collections_sequence,
+    fork_config_scopes,
+    mim_config_scope,
+    strict_torch_load,
+)
 
 #: name of each mend -> whether :func:`apply_all` applied it in this process.
 APPLIED: Dict[str, bool] = {}
@@ -33,6 +43,8 @@ def apply_all() -> Dict[str, bool]:
     APPLIED['collections_sequence'] = collections_sequence.apply()
     APPLIED['checkpoint_allowlist'] = checkpoint_allowlist.apply()
     APPLIED['mim_config_scope'] = mim_config_scope.apply()
+    APPLIED['strict_torch_load'] = strict_torch_load.apply()
+    APPLIED['fork_config_scopes'] = fork_config_scopes.apply()
     return dict(APPLIED)
 
 

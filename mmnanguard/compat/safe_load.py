@@ -17,7 +17,7 @@ import contextlib
 import pickle
 import re
 import zipfile
-from typing import Any, Iterator, List, Sequence, Type
+from typing import Any, Iterator, List, Optional, Sequence, Type
 
 import torch
 
@@ -80,6 +80,8 @@ def globals_outside(path: str) -> List[str]:
         list[str]: Sorted ``module.name`` strings.
     """
     try:
+        if hasattr(path, 'seek'):  # a buffer that a failed load has read
+            path.seek(0)
         return sorted(
             torch.serialization.get_unsafe_globals_in_checkpoint(path)
         )
@@ -124,17 +126,20 @@ def weights_only_load(
     what: str,
     error: Type[Exception] = UntrustedFileError,
     map_location: Any = None,
+    name: Optional[str] = None,
 ) -> Any:
     """``torch.load(path, weights_only=True)`` with ``entries`` in scope.
 
     Args:
-        path (str): The file.
+        path (str | file-like): The file, or a downloaded buffer.
         entries (Sequence): The allowlist for this file (see
             :func:`scoped_safe_globals`).
         what (str): What the file is, for the message (``'checkpoint'``).
         error (type): The exception raised on a refusal; it takes the
             message as its only argument.
         map_location: Same as :func:`torch.load`.
+        name (str, optional): What the message calls the file (a
+            buffer's URL). Defaults to ``path``.
 
     Returns:
         The unpickled object.
@@ -150,7 +155,7 @@ def weights_only_load(
             )
         except pickle.UnpicklingError as err:
             reason = describe_refusal(path, err)
-            raise error(refusal_message(what, path, reason)) from err
+            raise error(refusal_message(what, name or path, reason)) from err
 
 
 def refusal_message(what: str, path: str, reason: str) -> str:

@@ -138,6 +138,10 @@ def load_dota_data_list(
     if not txt_files:
         raise ValueError(f'There is no txt file in {dataset.ann_file}')
     classes = dataset.metainfo['classes']
+    # mmrotate 1.0.0rc1: a fixed ``img_shape`` sets height/width and images
+    # are .png; onedl-mmrotate 1.2.1: no height/width, ``img_suffix``
+    img_shape = getattr(dataset, 'img_shape', None)
+    suffix = getattr(dataset, 'img_suffix', 'png')
     data_list, problems = [], []
     for txt_file in txt_files:
         img_id = osp.split(txt_file)[1][:-4]
@@ -146,18 +150,16 @@ def load_dota_data_list(
         )
         problems += found
         lines = [instance.pop('line') for instance in instances]
-        data_list.append(
-            {
-                'img_id': img_id,
-                'file_name': img_id + '.png',
-                'img_path': osp.join(
-                    dataset.data_prefix['img_path'], img_id + '.png'
-                ),
-                'height': dataset.img_shape[0],
-                'width': dataset.img_shape[1],
-                'instances': instances,
-                ANN_FILE_KEY: txt_file,
-                ANN_LINES_KEY: lines,
-            }
-        )
+        file_name = f'{img_id}.{suffix}'
+        data_info = {
+            'img_id': img_id,
+            'file_name': file_name,
+            'img_path': osp.join(dataset.data_prefix['img_path'], file_name),
+            'instances': instances,
+            ANN_FILE_KEY: txt_file,
+            ANN_LINES_KEY: lines,
+        }
+        if img_shape is not None:
+            data_info['height'], data_info['width'] = img_shape[:2]
+        data_list.append(data_info)
     return data_list, problems

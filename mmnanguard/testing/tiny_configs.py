@@ -8,15 +8,23 @@ from typing import Any, Optional
 import torch
 from mmengine.config import Config
 
-REPO_ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
+_PACKAGE = osp.dirname(osp.dirname(osp.abspath(__file__)))
+#: The folder that holds ``configs/`` and ``tools/``: ``mmnanguard/.mim``,
+#: which ``setup.py`` fills in an installed wheel and links into the
+#: repository in an editable install; the repository itself before either.
+MIM_ROOT = (
+    osp.join(_PACKAGE, '.mim')
+    if osp.isdir(osp.join(_PACKAGE, '.mim', 'configs'))
+    else osp.dirname(_PACKAGE)
+)
 TINY_DOTA_CONFIG = osp.join(
-    REPO_ROOT,
+    MIM_ROOT,
     'configs',
     'tiny',
     'rotated-retinanet-rbox-le90_r18_tiny-dota.py',
 )
 TINY_COCO_CONFIG = osp.join(
-    REPO_ROOT, 'configs', 'tiny', 'retinanet_r18_fpn_tiny-coco.py'
+    MIM_ROOT, 'configs', 'tiny', 'retinanet_r18_fpn_tiny-coco.py'
 )
 
 

@@ -1,7 +1,11 @@
 # Copyright (c) mmnanguard contributors. All rights reserved.
 import collections
+import inspect
 import os
 import pickle
+import subprocess
+import sys
+import textwrap
 
 import numpy as np
 import pytest
@@ -16,6 +20,8 @@ from mmnanguard.compat.checked_history_buffer import (
 )
 from mmnanguard.compat.restricted_getattr import RestrictedGetattr
 from mmnanguard.compat.safe_load import scoped_safe_globals
+
+pytestmark = pytest.mark.stack_smoke
 
 
 class _Payload:
@@ -42,14 +48,51 @@ def _mmengine_like_checkpoint():
     )
 
 
+#: What a fresh interpreter that imports torch and the stack, but never
+#: mmnanguard, has in torch's process-wide allowlist (torch registers its
+#: own classes; torch 2.14 also builtins).
+FRESH_ALLOWLIST = textwrap.dedent(
+    """
+    import collections, collections.abc, importlib.util, sys, torch
+    import mmcv.ops, mmdet.models, mmengine.runner
+    # what mmnanguard's collections mend does, for mmrotate 1.0.0rc1
+    collections.Sequence = collections.abc.Sequence
+    for name in ('mmrotate.models', 'mmseg.models'):
+        if importlib.util.find_spec(name.split('.')[0]):
+            __import__(name)
+    assert 'mmnanguard' not in sys.modules
+    for entry in torch.serialization.get_safe_globals():
+        print(name_of(entry))
+    """
+)
+
+
+def name_of(entry):
+    """``module.qualname`` of an allowlist entry (or its given name)."""
+    if isinstance(entry, tuple):
+        return entry[1]
+    module = getattr(entry, '__module__', None) or type(entry).__module__
+    return f'{module}.{getattr(entry, "__qualname__", repr(entry))}'
+
+
 def _added_to_torch_allowlist():
-    """Entries of torch's process-wide allowlist that torch did not add
-    itself (``torch.distributed.tensor`` registers its own classes)."""
-    names = [
-        entry[1] if isinstance(entry, tuple) else entry.__module__
-        for entry in torch.serialization.get_safe_globals()
-    ]
-    return [name for name in names if not name.startswith('torch.')]
+    """Entries of torch's process-wide allowlist that a fresh interpreter
+    with the same stack, without mmnanguard, does not have."""
+    proc = subprocess.run(
+        [
+            sys.executable,
+            '-c',
+            inspect.getsource(name_of) + FRESH_ALLOWLIST,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    fresh = set(proc.stdout.splitlines())
+    here = [name_of(e) for e in torch.serialization.get_safe_globals()]
+    # torch registers some of its own classes lazily (``_rebuild_njt``)
+    return [n for n in here if n not in fresh and not n.startswith('torch.')]
 
 
 def test_applied_on_this_stack():

@@ -4,11 +4,14 @@
 import os.path as osp
 
 import mmdet
+import pytest
 from mmengine.config import config as mmengine_config
 from mmengine.config.utils import MODULE2PACKAGE
 
 import mmnanguard
 from mmnanguard.compat import APPLIED, mim_config_scope
+
+pytestmark = pytest.mark.stack_smoke
 
 
 def test_scope_registered_and_idempotent():

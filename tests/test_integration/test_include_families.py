@@ -21,9 +21,9 @@ from mmnanguard.datasets import ValidateAnnotations
 from mmnanguard.engine.hooks import NanGuardHook
 from mmnanguard.models.losses import CheckedCrossEntropyLoss
 from mmnanguard.testing import load_tiny_config, tensors_all_finite
-from mmnanguard.testing.tiny_configs import REPO_ROOT
+from mmnanguard.testing.tiny_configs import MIM_ROOT
 
-TINY = osp.join(REPO_ROOT, 'configs', 'tiny')
+TINY = osp.join(MIM_ROOT, 'configs', 'tiny')
 
 
 class ParamRecorder(Hook):

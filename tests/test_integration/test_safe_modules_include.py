@@ -28,9 +28,9 @@ from mmnanguard.testing import (
     load_tiny_config,
     tensors_all_finite,
 )
-from mmnanguard.testing.tiny_configs import REPO_ROOT
+from mmnanguard.testing.tiny_configs import MIM_ROOT
 
-CONFIGS = osp.join(REPO_ROOT, 'configs')
+CONFIGS = osp.join(MIM_ROOT, 'configs')
 KLD_TINY = osp.join(CONFIGS, 'tiny', 'rotated-rtmdet_tiny-kld_tiny-dota.py')
 KLD_SAFE = osp.join(
     CONFIGS,

@@ -25,6 +25,8 @@ from mmnanguard.models.losses import (
 )
 from mmnanguard.models.task_modules import SafeDeltaXYWHTRBBoxCoder
 
+pytestmark = pytest.mark.stack_smoke
+
 
 def _g(seed=0):
     return torch.Generator().manual_seed(seed)

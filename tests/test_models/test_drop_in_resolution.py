@@ -14,9 +14,11 @@ from mmseg.models.losses import FocalLoss as MMSegFocalLoss
 
 import mmnanguard  # noqa: F401  (before mmrotate.models)
 from mmnanguard.models import drop_in_for, resolve_type
-from mmnanguard.testing.tiny_configs import REPO_ROOT
+from mmnanguard.testing.tiny_configs import MIM_ROOT
 
-SAFE_INCLUDE = osp.join(REPO_ROOT, 'configs', '_base_', 'safe_modules.py')
+pytestmark = pytest.mark.stack_smoke
+
+SAFE_INCLUDE = osp.join(MIM_ROOT, 'configs', '_base_', 'safe_modules.py')
 
 
 def _swaps():

@@ -11,9 +11,9 @@ from mmengine.runner import Runner
 
 import mmnanguard  # noqa: F401  (before mmrotate.models)
 from mmnanguard.testing import load_tiny_config
-from mmnanguard.testing.tiny_configs import REPO_ROOT
+from mmnanguard.testing.tiny_configs import MIM_ROOT
 
-CONFIG_DIR = osp.join(REPO_ROOT, 'configs', 'safe_modules')
+CONFIG_DIR = osp.join(MIM_ROOT, 'configs', 'safe_modules')
 CONFIGS = {
     'rotated-retinanet-rbox-le90_r18_safe_tiny-dota.py': dict(
         loss_cls='StableFocalLoss',

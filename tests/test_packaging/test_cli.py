@@ -33,6 +33,7 @@ def test_setup_py_registers_the_console_scripts(tmp_path):
         'README.md',
         'mmnanguard/version.py',
         'mmnanguard/cli.py',
+        'mmnanguard/supported_stacks.py',
     ):
         shutil.copyfile(osp.join(REPO, name), tmp_path / name)
     code = (

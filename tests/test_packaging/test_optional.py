@@ -14,11 +14,15 @@ import textwrap
 import pytest
 from mmengine.config import Config
 from mmengine.registry import MODELS, TASK_UTILS, Registry
+from stack_marks import needs_mmrotate
 
 import mmnanguard  # noqa: F401
 from mmnanguard import optional
 from mmnanguard.models import losses
 from mmnanguard.models.task_modules import coders
+from mmnanguard.optional import INSTALL
+
+pytestmark = pytest.mark.stack_smoke
 
 ROTATED = [(MODELS, n) for n in losses.ROTATED] + [
     (TASK_UTILS, n) for n in coders.ROTATED
@@ -35,6 +39,7 @@ def missing(monkeypatch):
     return _missing
 
 
+@needs_mmrotate
 @pytest.mark.parametrize('registry,name', ROTATED)
 def test_default_stack_registers_the_real_rotated_modules(registry, name):
     from mmrotate.registry import MODELS as ROTATE_MODELS
@@ -57,7 +62,7 @@ def test_placeholder_build_raises_the_clear_error(missing):
     optional.register_unavailable(child, ['SafeThing'], 'mmrotate')
     expected = (
         "type='SafeThing' needs mmrotate, but it is not installed. Install "
-        'it with pip install "mmnanguard[rotate]" (mmrotate 1.0.0rc1) or '
+        f'it with {INSTALL["mmrotate"]} or '
         'remove it from the config.'
     )
     for registry in (child, root):
@@ -75,7 +80,7 @@ def test_missing_attribute_names_the_module(missing):
         getter('Seg')
     assert str(info.value) == (
         'pkg.mod.Seg needs mmseg, but it is not installed. Install it with '
-        'pip install "mmnanguard[seg]" (mmsegmentation 1.2.2).'
+        f'{INSTALL["mmseg"]}.'
     )
     with pytest.raises(AttributeError, match="'pkg.mod' has no .* 'Other'"):
         getter('Other')
@@ -102,11 +107,11 @@ def test_require_packages_names_key_package_and_file(missing, cfg, where):
             optional.require_packages(config, 'my_cfg.py')
         assert str(info.value) == (
             f'my_cfg.py: {where} needs mmseg, but it is not installed. '
-            'Install it with pip install "mmnanguard[seg]" '
-            '(mmsegmentation 1.2.2) or remove it from the config.'
+            f'Install it with {INSTALL["mmseg"]} or remove it from the config.'
         )
 
 
+@needs_mmrotate
 def test_require_packages_accepts_what_is_installed(missing):
     missing('mmseg')
     cfg = dict(
@@ -176,7 +181,7 @@ def test_import_with_mmrotate_and_mmseg_refused():
     assert (
         'attr mmnanguard.models.task_modules.coders.SafeDeltaXYWHTRBBoxCoder '
         'needs mmrotate, but it is not installed. Install it with pip '
-        'install "mmnanguard[rotate]" (mmrotate 1.0.0rc1).'
+        f'install {INSTALL["mmrotate"][len("pip install "):]}.'
     ) in lines
 
 
@@ -232,6 +237,5 @@ def test_reason_tells_missing_from_broken(monkeypatch, error, reason):
         ]
     assert not optional.is_available('mmseg')
     assert optional.missing_message('X', 'mmseg', False) == (
-        f'X needs mmseg, but {reason}. Install it with pip install '
-        '"mmnanguard[seg]" (mmsegmentation 1.2.2).'
+        f'X needs mmseg, but {reason}. Install it with {INSTALL["mmseg"]}.'
     )

@@ -15,10 +15,10 @@ from mmengine.config import Config
 from mmengine.registry import RUNNERS
 
 from mmnanguard.testing import load_tiny_config
-from mmnanguard.testing.tiny_configs import REPO_ROOT
+from mmnanguard.testing.tiny_configs import MIM_ROOT
 
-NANGUARD = osp.join(REPO_ROOT, 'configs', 'nanguard')
-TINY = osp.join(REPO_ROOT, 'configs', 'tiny')
+NANGUARD = osp.join(MIM_ROOT, 'configs', 'nanguard')
+TINY = osp.join(MIM_ROOT, 'configs', 'tiny')
 #: family -> (config, data fixture, data classes its batch.pth holds)
 FAMILIES = {
     'rotated_retinanet_dota': (

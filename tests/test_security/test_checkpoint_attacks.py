@@ -8,6 +8,7 @@ loaders. Now each is refused before anything runs: no marker, the class
 unchanged, and the error names the file and what was refused.
 """
 
+import io
 import os.path as osp
 import pickle
 
@@ -16,10 +17,14 @@ import pytest
 import torch
 from mmengine.logging.history_buffer import HistoryBuffer
 from mmengine.runner import Runner, load_checkpoint
+from mmengine.runner import checkpoint as mmengine_checkpoint
 from mmengine.runner.checkpoint import CheckpointLoader
 
 from mmnanguard.compat.checkpoint_allowlist import UntrustedCheckpointError
+from mmnanguard.compat.strict_torch_load import strict_torch_load
 from mmnanguard.testing.toy import ToyModel, toy_runner_cfg
+
+pytestmark = pytest.mark.stack_smoke
 
 #: attack -> (payload(marker), what the error must name)
 ATTACKS = {
@@ -59,11 +64,29 @@ def _resume(path, tmp_path):
     Runner(**cfg).train()
 
 
+def _mmengine_torch_load():
+    """mmengine's own ``torch.load`` wrapper where it has one
+    (onedl-mmengine's ``_safe_torch_load``, behind every remote scheme:
+    mended), else the mend itself."""
+    return getattr(mmengine_checkpoint, '_safe_torch_load', strict_torch_load)
+
+
+def _load_mmengine_internal(path, tmp_path):
+    return _mmengine_torch_load()(path, map_location='cpu')
+
+
+def _load_downloaded_buffer(path, tmp_path):
+    with open(path, 'rb') as f:  # what s3:// and petrel:// hand over
+        return _mmengine_torch_load()(io.BytesIO(f.read()), map_location='cpu')
+
+
 LOADERS = {
     'torch.load': _load_torch,
     'CheckpointLoader': _load_checkpoint_loader,
     'load_checkpoint': _load_checkpoint,
     'Runner.resume': _resume,
+    'mmengine torch.load wrapper': _load_mmengine_internal,
+    'downloaded buffer': _load_downloaded_buffer,
 }
 
 
@@ -94,6 +117,8 @@ def test_crafted_checkpoint_is_refused(
         assert 'Weights only load failed' in message
         return
     assert isinstance(err.value, UntrustedCheckpointError)
+    if loader == 'downloaded buffer':
+        path = 'a downloaded checkpoint'
     assert path in message and named in message, message
 
 

@@ -20,9 +20,9 @@ import torch
 
 from mmnanguard.engine.diagnosis import NotAnIncidentError, load_incident
 from mmnanguard.engine.diagnosis.incident_files import UntrustedIncidentError
-from mmnanguard.testing.tiny_configs import REPO_ROOT
+from mmnanguard.testing.tiny_configs import MIM_ROOT
 
-sys.path.insert(0, osp.join(REPO_ROOT, 'tools'))
+sys.path.insert(0, osp.join(MIM_ROOT, 'tools'))
 import replay  # noqa: E402
 
 DIR_NAME = 'incident_000_iter000001'
@@ -124,7 +124,7 @@ def test_crafted_batch_is_refused_by_replay(tmp_path, capsys, attack):
     marker = str(tmp_path / 'marker')
     folder, batch = _folder(tmp_path, attack, marker)
     config = osp.join(
-        REPO_ROOT, 'configs', 'tiny', 'retinanet_r18_fpn_tiny-coco.py'
+        MIM_ROOT, 'configs', 'tiny', 'retinanet_r18_fpn_tiny-coco.py'
     )
     assert replay.main([folder, '--config', config]) == 2
     err = capsys.readouterr().err
@@ -221,11 +221,11 @@ def test_replay_command_line_refuses_in_one_line(honest_incident, tmp_path):
     with open(osp.join(folder, 'config.py'), 'a') as f:
         f.write(f"\n_x = __import__('os').system('touch {marker}')\n")
     done = subprocess.run(
-        [sys.executable, osp.join(REPO_ROOT, 'tools', 'replay.py'), folder],
+        [sys.executable, osp.join(MIM_ROOT, 'tools', 'replay.py'), folder],
         capture_output=True,
         text=True,
         timeout=300,
-        cwd=REPO_ROOT,
+        cwd=MIM_ROOT,
     )
     assert done.returncode == 2
     assert done.stderr.strip().splitlines()[-1].startswith('replay: error: ')

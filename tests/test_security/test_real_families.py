@@ -27,9 +27,9 @@ from mmnanguard.engine.diagnosis.incident_files import (
     check_batch_globals,
     incident_batch_globals,
 )
-from mmnanguard.testing.tiny_configs import REPO_ROOT
+from mmnanguard.testing.tiny_configs import MIM_ROOT
 
-sys.path.insert(0, osp.join(REPO_ROOT, 'tools'))
+sys.path.insert(0, osp.join(MIM_ROOT, 'tools'))
 import replay  # noqa: E402
 from real_runs import (  # noqa: E402
     CHECKPOINT_GLOBALS,

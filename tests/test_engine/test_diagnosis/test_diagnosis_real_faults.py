@@ -22,10 +22,10 @@ from mmengine.runner import Runner
 from mmnanguard.datagen import generate_dota
 from mmnanguard.engine.diagnosis.drop_ins import SAFE_MODULES_INCLUDE
 from mmnanguard.testing import load_tiny_config
-from mmnanguard.testing.tiny_configs import REPO_ROOT
+from mmnanguard.testing.tiny_configs import MIM_ROOT
 
 KLD_CONFIG = osp.join(
-    REPO_ROOT, 'configs', 'tiny', 'rotated-rtmdet_tiny-kld_tiny-dota.py'
+    MIM_ROOT, 'configs', 'tiny', 'rotated-rtmdet_tiny-kld_tiny-dota.py'
 )
 FPN_CONV = 'neck.fpn_convs.0.conv'
 

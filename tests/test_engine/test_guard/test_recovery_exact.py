@@ -26,10 +26,10 @@ from mmnanguard.engine import NonFiniteTrainingError
 from mmnanguard.engine.guard.snapshot import ema_hooks, scheduler_states
 from mmnanguard.engine.hooks import NanGuardHook
 from mmnanguard.testing import load_tiny_config
-from mmnanguard.testing.tiny_configs import REPO_ROOT
+from mmnanguard.testing.tiny_configs import MIM_ROOT
 
 RTMDET = osp.join(
-    REPO_ROOT, 'configs', 'tiny', 'rotated-rtmdet_tiny_tiny-dota.py'
+    MIM_ROOT, 'configs', 'tiny', 'rotated-rtmdet_tiny_tiny-dota.py'
 )
 BACKOFF = 0.5
 

@@ -21,9 +21,9 @@ from mmnanguard.models.losses import CheckedCrossEntropyLoss
 from mmnanguard.models.losses.checked_cross_entropy_loss import (
     InvalidLabelError,
 )
-from mmnanguard.testing.tiny_configs import REPO_ROOT
+from mmnanguard.testing.tiny_configs import MIM_ROOT
 
-TINY = osp.join(REPO_ROOT, 'configs', 'tiny')
+TINY = osp.join(MIM_ROOT, 'configs', 'tiny')
 S2ANET = osp.join(TINY, 's2anet-le135_r18_fpn_tiny-dota.py')
 R3DET = osp.join(TINY, 'r3det-oc_r18_fpn_tiny-dota.py')
 MASK_RCNN = osp.join(TINY, 'mask-rcnn_r18_fpn_tiny-coco.py')

@@ -4,6 +4,7 @@ import torch
 from mmdet.models.losses import CrossEntropyLoss as MMDetCE
 from mmengine.registry import DefaultScope
 from mmseg.models.losses import CrossEntropyLoss as MMSegCE
+from stack_marks import needs_mmrotate
 
 from mmnanguard.analysis.loss_battery import battery_cases
 from mmnanguard.models.losses import (
@@ -11,6 +12,8 @@ from mmnanguard.models.losses import (
     check_cross_entropy_labels,
 )
 from mmnanguard.testing import assert_loss_stable
+
+pytestmark = pytest.mark.stack_smoke
 
 NUM_CLASSES = 19
 
@@ -139,7 +142,9 @@ def test_impl_from_scope_and_bad_impl():
         CheckedCrossEntropyLoss(impl='mmcls')
 
 
-@pytest.mark.parametrize('scope', ['mmseg', 'mmdet', 'mmrotate'])
+@pytest.mark.parametrize(
+    'scope', ['mmseg', 'mmdet', pytest.param('mmrotate', marks=needs_mmrotate)]
+)
 def test_build_from_config_in_scope(scope):
     import importlib
 

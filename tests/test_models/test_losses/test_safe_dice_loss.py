@@ -7,6 +7,8 @@ from mmseg.models.losses import DiceLoss as MMSegDiceLoss
 
 from mmnanguard.models.losses import SafeDiceLoss
 
+pytestmark = pytest.mark.stack_smoke
+
 
 def _masks(n=4, c=3, hw=16, seed=0):
     g = torch.Generator().manual_seed(seed)

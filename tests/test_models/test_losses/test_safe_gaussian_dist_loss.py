@@ -11,6 +11,8 @@ from mmnanguard.analysis.loss_battery import battery_cases
 from mmnanguard.models.losses import SafeGDLoss
 from mmnanguard.testing import assert_loss_stable
 
+pytestmark = pytest.mark.stack_smoke
+
 LOSS_TYPES = ['kld', 'jd', 'kld_symmax', 'kld_symmin', 'gwd']
 
 

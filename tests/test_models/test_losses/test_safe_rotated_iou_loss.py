@@ -10,6 +10,8 @@ import mmnanguard  # noqa: F401  (before mmrotate.models)
 from mmnanguard.models.losses import SafeRotatedIoULoss, diff_rotated_iou
 from mmnanguard.models.losses.diff_rotated_iou import box2corners
 
+pytestmark = pytest.mark.stack_smoke
+
 
 def _shapely_iou(b1, b2):
     """Independent reference: polygon clipping in float64."""

@@ -5,10 +5,13 @@ import torch.nn.functional as F
 from mmdet.models.losses import FocalLoss
 from mmdet.models.losses.focal_loss import py_sigmoid_focal_loss
 from mmengine.registry import DefaultScope
+from stack_marks import needs_mmrotate
 
 from mmnanguard.analysis.loss_battery import battery_cases
 from mmnanguard.models.losses import StableFocalLoss
 from mmnanguard.testing import assert_loss_stable
+
+pytestmark = pytest.mark.stack_smoke
 
 NUM_CLASSES = 5
 
@@ -273,7 +276,9 @@ def test_bad_arguments():
         StableFocalLoss()(torch.zeros(4, 3), torch.zeros(4, 2))
 
 
-@pytest.mark.parametrize('scope', ['mmdet', 'mmrotate'])
+@pytest.mark.parametrize(
+    'scope', ['mmdet', pytest.param('mmrotate', marks=needs_mmrotate)]
+)
 def test_build_from_config_in_scope(scope):
     import importlib
 

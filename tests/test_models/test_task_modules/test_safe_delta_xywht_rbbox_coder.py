@@ -10,6 +10,8 @@ from mmrotate.structures.bbox import RotatedBoxes
 import mmnanguard  # noqa: F401  (before mmrotate.models)
 from mmnanguard.models.task_modules import SafeDeltaXYWHTRBBoxCoder
 
+pytestmark = pytest.mark.stack_smoke
+
 LO = {'le90': -math.pi / 2, 'le135': -math.pi / 4, 'oc': -math.pi / 2}
 PERIOD = {'le90': math.pi, 'le135': math.pi, 'oc': math.pi / 2}
 

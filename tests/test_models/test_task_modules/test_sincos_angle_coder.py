@@ -8,6 +8,8 @@ from mmengine.registry import DefaultScope
 import mmnanguard  # noqa: F401  (before mmrotate.models)
 from mmnanguard.models.task_modules import SinCosAngleCoder
 
+pytestmark = pytest.mark.stack_smoke
+
 RANGES = {
     'le90': (-math.pi / 2, math.pi / 2),
     'le135': (-math.pi / 4, 3 * math.pi / 4),

@@ -1,0 +1,209 @@
+# Copyright (c) mmnanguard contributors. All rights reserved.
+"""The stacks mmnanguard is tested on, and a check of the installed one.
+
+OpenMMLab's packages and the maintained OneDL fork install the same import
+names (``mmengine``, ``mmcv``, ``mmdet``, ``mmrotate``, ``mmseg``) from
+different distributions (``mmcv`` or ``onedl-mmcv``). ``setup.py`` turns
+:data:`TESTED` into the extras ``upstream``, ``onedl``, ``rotate``,
+``onedl-rotate``, ``seg`` and ``onedl-seg`` (:func:`extras_require`), so
+that ``pip install`` into an existing environment accepts exactly the tested
+ranges of either family without replacing one by the other.
+
+``import mmnanguard`` calls :func:`check_installed` first: a missing
+required package is an ``ImportError`` that says what to install; a version
+outside the tested ranges, or both families installed for one import name,
+is one warning naming the distribution, its version and the tested range.
+
+This module imports only the standard library at its top (``setup.py``
+reads it before anything is installed).
+"""
+
+import warnings
+from importlib import metadata
+from typing import Dict, List, Optional, Tuple
+
+#: import name -> family -> (distribution, tested version range).
+TESTED: Dict[str, Dict[str, Tuple[str, str]]] = {
+    'mmengine': {
+        'upstream': ('mmengine', '>=0.10.7,<0.11'),
+        'onedl': ('onedl-mmengine', '>=0.10.12,<0.11'),
+    },
+    'mmcv': {
+        'upstream': ('mmcv', '>=2.0.1,<2.2'),
+        'onedl': ('onedl-mmcv', '>=2.3.6,<2.4'),
+    },
+    'mmdet': {
+        'upstream': ('mmdet', '>=3.1.0,<3.4'),
+        'onedl': ('onedl-mmdetection', '>=3.5.1,<3.6'),
+    },
+    'mmrotate': {
+        'upstream': ('mmrotate', '==1.0.0rc1'),
+        'onedl': ('onedl-mmrotate', '>=1.2.1,<1.3'),
+    },
+    'mmseg': {
+        'upstream': ('mmsegmentation', '>=1.2.2,<1.3'),
+        'onedl': ('onedl-mmsegmentation', '>=1.4.2,<1.5'),
+    },
+}
+
+#: Import names ``import mmnanguard`` needs.
+REQUIRED = ('mmengine', 'mmcv', 'mmdet')
+
+#: Optional import name -> the extra's suffix (``rotate``, ``seg``).
+OPTIONAL_EXTRAS = {'mmrotate': 'rotate', 'mmseg': 'seg'}
+
+#: Extra packages an optional part needs beyond its toolbox.
+EXTRA_PACKAGES = {'mmseg': ['ftfy', 'regex']}
+
+FAMILIES = ('upstream', 'onedl')
+
+
+def extras_require() -> Dict[str, List[str]]:
+    """The ``extras_require`` of ``setup.py``.
+
+    Returns:
+        dict: ``upstream`` and ``onedl`` (the required packages of each
+        family), ``rotate``/``seg`` (upstream) and
+        ``onedl-rotate``/``onedl-seg``.
+    """
+    extras: Dict[str, List[str]] = {}
+    for family in FAMILIES:
+        extras[family] = [''.join(TESTED[name][family]) for name in REQUIRED]
+        for name, suffix in OPTIONAL_EXTRAS.items():
+            key = suffix if family == 'upstream' else f'{family}-{suffix}'
+            extras[key] = [''.join(TESTED[name][family])] + EXTRA_PACKAGES.get(
+                name, []
+            )
+    return extras
+
+
+def installed_distributions(name: str) -> Dict[str, str]:
+    """The installed distributions that provide import name ``name``.
+
+    Args:
+        name (str): An import name of :data:`TESTED`.
+
+    Returns:
+        dict: family -> installed version, for each family whose
+        distribution is installed.
+    """
+    found = {}
+    for family, (dist, _) in TESTED[name].items():
+        try:
+            found[family] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            pass
+    return found
+
+
+def installed_family() -> Optional[str]:
+    """The family of the installed mmdet (``'upstream'`` or ``'onedl'``),
+    or None where no known distribution provides it."""
+    found = installed_distributions('mmdet')
+    if 'onedl' in found:
+        return 'onedl'
+    return 'upstream' if found else None
+
+
+def install_line(name: str) -> str:
+    """How to install the optional part ``name`` on the installed family.
+
+    Args:
+        name (str): ``'mmrotate'`` or ``'mmseg'``.
+
+    Returns:
+        str: e.g. ``pip install "mmnanguard[onedl-rotate]"
+        (onedl-mmrotate>=1.2.1,<1.3)``.
+    """
+    family = installed_family() or 'upstream'
+    suffix = OPTIONAL_EXTRAS[name]
+    extra = suffix if family == 'upstream' else f'{family}-{suffix}'
+    dist, spec = TESTED[name][family]
+    line = f'pip install "mmnanguard[{extra}]" ({dist}{spec})'
+    if name == 'mmrotate' and family == 'upstream':
+        line += (
+            ', which asserts mmdet <= 3.1.0 and so needs mmcv 2.0.x; on a '
+            'newer mmdet use the OneDL packages, pip install '
+            '"mmnanguard[onedl,onedl-rotate]"'
+        )
+    return line
+
+
+def version_problems() -> List[str]:
+    """What :func:`check_installed` warns about (empty when nothing).
+
+    Returns:
+        list[str]: One sentence per installed distribution outside its
+        tested range, and per import name provided by both families.
+    """
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import InvalidVersion, Version
+
+    problems = []
+    for name in TESTED:
+        found = installed_distributions(name)
+        if len(found) > 1:
+            dists = ' and '.join(
+                f'{TESTED[name][f][0]} {v}' for f, v in found.items()
+            )
+            problems.append(
+                f'both {dists} are installed; they install the same '
+                f'`{name}` package over each other, so keep one'
+            )
+        for family, version in found.items():
+            dist, spec = TESTED[name][family]
+            try:
+                tested = Version(version) in SpecifierSet(
+                    spec, prereleases=True
+                )
+            except InvalidVersion:
+                tested = False
+            if not tested:
+                problems.append(
+                    f'{dist} {version} is outside the tested range {spec}'
+                )
+    return problems
+
+
+def check_installed() -> None:
+    """Check the installed stack before mmnanguard imports any of it.
+
+    Raises:
+        ImportError: A package of :data:`REQUIRED` cannot be found; the
+            message names it and the two install lines.
+    """
+    import importlib.util
+
+    for name in REQUIRED:
+        if importlib.util.find_spec(name) is None:
+            options = ' or '.join(
+                f'pip install "mmnanguard[{family}]" ('
+                + ', '.join(TESTED[n][family][0] for n in REQUIRED)
+                + ')'
+                for family in FAMILIES
+            )
+            raise ImportError(
+                f'mmnanguard needs {name}, which is not installed. Install '
+                f'the OpenMMLab packages or the OneDL fork: {options}.',
+                name=name,
+            )
+    problems = version_problems()
+    if problems:
+        warnings.warn(
+            'mmnanguard is tested on the stacks of README.md ("Supported '
+            'stacks"); here ' + '; '.join(problems) + '.',
+            stacklevel=3,
+        )
+
+
+__all__ = [
+    'FAMILIES',
+    'REQUIRED',
+    'TESTED',
+    'check_installed',
+    'extras_require',
+    'install_line',
+    'installed_distributions',
+    'installed_family',
+    'version_problems',
+]
