@@ -30,7 +30,7 @@ train_dataloader = dict(
     num_workers=0,
     persistent_workers=False,
     dataset=dict(
-        data_root=data_root, img_shape=img_scale, pipeline=train_pipeline
+        data_root=data_root, pipeline=train_pipeline
     ),
 )
 

@@ -159,7 +159,6 @@ def _leaf_config(
             type='mmrotate.DOTADataset',
             ann_file='trainval/annfiles/',
             data_prefix=dict(img_path='trainval/images/'),
-            img_shape=(IMG_SIDE, IMG_SIDE),
             metainfo=dict(classes=classes),
             filter_cfg=dict(filter_empty_gt=True),
         )
