@@ -29,9 +29,7 @@ train_dataloader = dict(
     batch_size=2,
     num_workers=0,
     persistent_workers=False,
-    dataset=dict(
-        data_root=data_root, pipeline=train_pipeline
-    ),
+    dataset=dict(data_root=data_root, pipeline=train_pipeline),
 )
 
 train_cfg = dict(max_epochs=2, val_interval=100)
