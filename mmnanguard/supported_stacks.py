@@ -58,6 +58,19 @@ EXTRA_PACKAGES = {'mmseg': ['ftfy', 'regex']}
 FAMILIES = ('upstream', 'onedl')
 
 
+def requirement(name: str, family: str) -> str:
+    """The tested requirement of import name ``name`` in ``family``, e.g.
+    ``'onedl-mmcv>=2.3.6,<2.4'``."""
+    return ''.join(TESTED[name][family])
+
+
+def extra_name(name: str, family: str) -> str:
+    """The extra of optional package ``name`` in ``family``: ``rotate``,
+    ``seg``, ``onedl-rotate``, ``onedl-seg``."""
+    suffix = OPTIONAL_EXTRAS[name]
+    return suffix if family == 'upstream' else f'{family}-{suffix}'
+
+
 def extras_require() -> Dict[str, List[str]]:
     """The ``extras_require`` of ``setup.py``.
 
@@ -68,12 +81,11 @@ def extras_require() -> Dict[str, List[str]]:
     """
     extras: Dict[str, List[str]] = {}
     for family in FAMILIES:
-        extras[family] = [''.join(TESTED[name][family]) for name in REQUIRED]
-        for name, suffix in OPTIONAL_EXTRAS.items():
-            key = suffix if family == 'upstream' else f'{family}-{suffix}'
-            extras[key] = [''.join(TESTED[name][family])] + EXTRA_PACKAGES.get(
-                name, []
-            )
+        extras[family] = [requirement(name, family) for name in REQUIRED]
+        for name in OPTIONAL_EXTRAS:
+            extras[extra_name(name, family)] = [
+                requirement(name, family)
+            ] + EXTRA_PACKAGES.get(name, [])
     return extras
 
 
@@ -116,10 +128,10 @@ def install_line(name: str) -> str:
         (onedl-mmrotate>=1.2.1,<1.3)``.
     """
     family = installed_family() or 'upstream'
-    suffix = OPTIONAL_EXTRAS[name]
-    extra = suffix if family == 'upstream' else f'{family}-{suffix}'
-    dist, spec = TESTED[name][family]
-    line = f'pip install "mmnanguard[{extra}]" ({dist}{spec})'
+    line = (
+        f'pip install "mmnanguard[{extra_name(name, family)}]" '
+        f'({requirement(name, family)})'
+    )
     if name == 'mmrotate' and family == 'upstream':
         line += (
             ', which asserts mmdet <= 3.1.0 and so needs mmcv 2.0.x; on a '
@@ -201,9 +213,11 @@ __all__ = [
     'REQUIRED',
     'TESTED',
     'check_installed',
+    'extra_name',
     'extras_require',
     'install_line',
     'installed_distributions',
     'installed_family',
+    'requirement',
     'version_problems',
 ]

@@ -59,23 +59,17 @@ def strict_torch_load(
         return torch.load(
             file, map_location=map_location, weights_only=weights_only
         )
-    if isinstance(file, str):
-        return weights_only_load(
-            file,
-            mmengine_checkpoint_globals(),
-            what='checkpoint',
-            error=UntrustedCheckpointError,
-            map_location=map_location,
-        )
-    # a downloaded buffer (s3://, petrel://)
-    data = file.read() if hasattr(file, 'read') else bytes(file)
+    name = None
+    if not isinstance(file, str):  # a downloaded buffer (s3://, petrel://)
+        name = getattr(file, 'name', 'a downloaded checkpoint')
+        file = io.BytesIO(file.read() if hasattr(file, 'read') else file)
     return weights_only_load(
-        io.BytesIO(data),
+        file,
         mmengine_checkpoint_globals(),
         what='checkpoint',
         error=UntrustedCheckpointError,
         map_location=map_location,
-        name=getattr(file, 'name', 'a downloaded checkpoint'),
+        name=name,
     )
 
 

@@ -4,9 +4,10 @@
 #   make setup                 # STACK=rotate, .venv (the development stack)
 #   make setup STACK=mmdet     # .venv-mmdet; also onedl, core
 #
-# Steps: create the venv -> torch (kept if present) -> build tools -> the
-# stack's mmcv wheel (built once from its PyPI sdist under C++17, cached
-# outside the repo) -> the stack's packages (tools/setup/stacks/STACK.txt)
+# Steps: create the venv -> torch (an installed one is kept in the
+# development stack) -> build tools -> the stack's mmcv wheel (built once
+# from its PyPI sdist, its C++ standard raised where the stack's torch needs
+# it, cached outside the repo) -> the stack's packages (tools/setup/stacks/STACK.txt)
 # -> mmnanguard in editable mode (the development stack only) -> an import
 # check. The stacks are defined in tools/setup/stacks/define.sh. A second
 # run compares a stamp and returns in seconds.
