@@ -9,13 +9,32 @@ measured iterations (after ``--warmup``), so that drifts of a noisy machine
 cancel out. The report gives the median ratio with its min and max over the
 rounds, the median s/iter and the peak RSS per mode.
 
+``include`` is what ``tools/train.py --guard skip`` trains (the
+``NanGuardRunner`` with the include's defaults: spike detection,
+``NanDiagnosisHook``, ``ValidateAnnotations`` in the training pipeline);
+``bare`` is what ``--guard off`` trains. The tiny configs load with
+``num_workers=0`` (``--num-workers`` changes it), so the pipeline, and
+``ValidateAnnotations`` in it, runs in the main process and is timed.
+
+``--profile`` adds one cProfile'd run of each profiled mode (``include``
+by default) after the rounds, and attributes the guard's time per
+iteration to its components (:data:`COMPONENTS`: the input check, the
+loss and gradient-norm checks, the spike detector, the parameter check,
+the history, ``ValidateAnnotations``, the host reads of the guard's own
+code, ...). cProfile inflates Python-heavy code more than torch kernels,
+so the shares are upper bounds.
+
 Usage::
 
     python benchmarks/overhead.py --rounds 5 --iters 16 --warmup 6 \
         --configs dota coco --modes bare guard_skip --out overhead.json
+    # the num_workers=0 row of RESULTS.md, with the profile
+    python benchmarks/overhead.py --rounds 3 --iters 32 --warmup 4 \
+        --configs dota --modes bare include --profile
 """
 
 import argparse
+import cProfile
 import json
 import os
 import os.path as osp
@@ -24,6 +43,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from typing import Any, Dict, List, Optional, Tuple
 
 REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
 sys.path.insert(0, REPO)
@@ -34,6 +54,7 @@ MODES = {
     'check_invalid_loss': "mmdet's CheckInvalidLossHook(interval=1)",
     'guard_skip': 'NanGuardHook(policy=skip), every-iteration checks',
     'guard_full': 'NanGuardHook + AmpScaleMonitorHook + ValidateAnnotations',
+    'include': 'tools/train.py --guard skip: the include, num_workers=0',
     'anomaly': 'torch.autograd.set_detect_anomaly(True)',
     'module_hooks': 'forward + output-gradient finiteness hooks on every '
     'module, always on',
@@ -41,12 +62,34 @@ MODES = {
 
 
 def worker(
-    config: str, mode: str, iters: int, data_root: str, work_dir: str
+    config: str,
+    mode: str,
+    iters: int,
+    data_root: str,
+    work_dir: str,
+    num_workers: Optional[int] = None,
+    profile: Optional[str] = None,
 ) -> dict:
-    """Train ``iters`` iterations in this process and return the timings."""
+    """Train ``iters`` iterations in this process and return the timings.
+
+    Args:
+        config (str): ``'dota'`` or ``'coco'``.
+        mode (str): A key of :data:`MODES`.
+        iters (int): Training iterations.
+        data_root (str): Generated data.
+        work_dir (str): The run's work dir.
+        num_workers (int, optional): Dataloader workers (default: the
+            config's, 0).
+        profile (str, optional): Write cProfile stats of ``runner.train()``
+            to this file.
+
+    Returns:
+        dict: ``times`` (s per iteration) and ``peak_rss_mib``.
+    """
     import resource
 
     import torch
+    from mmengine.registry import RUNNERS
     from mmengine.runner import Runner
 
     import mmnanguard  # noqa: F401
@@ -74,16 +117,31 @@ def worker(
         add_full_protection(cfg)
     if mode == 'anomaly':
         torch.autograd.set_detect_anomaly(True)
-    runner = Runner.from_cfg(cfg)
+    if num_workers is not None:
+        cfg.train_dataloader.num_workers = num_workers
+        cfg.train_dataloader.persistent_workers = num_workers > 0
+    if mode in ('bare', 'include'):  # as tools/train.py --guard off|skip
+        from mmnanguard.engine.runner import train_options as opts
+
+        opts.apply_guard_option(cfg, 'skip' if mode == 'include' else 'off')
+    if 'runner_type' in cfg:
+        runner = RUNNERS.build(cfg)
+    else:
+        runner = Runner.from_cfg(cfg)
     if mode == 'module_hooks':
         install_finiteness_hooks(runner.model)
-    runner.train()
+    if profile:
+        profiler = cProfile.Profile()
+        profiler.runcall(runner.train)
+        profiler.dump_stats(profile)
+    else:
+        runner.train()
     times = runner.message_hub.get_scalar('train/time').data[0].tolist()
     peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return dict(times=times, peak_rss_mib=peak_kib / 1024)
 
 
-def run_one(config, mode, args, data_roots) -> dict:
+def run_one(config, mode, args, data_roots, profile=None) -> dict:
     with tempfile.TemporaryDirectory() as work_dir:
         out = osp.join(work_dir, 'result.json')
         cmd = [
@@ -97,6 +155,10 @@ def run_one(config, mode, args, data_roots) -> dict:
             work_dir,
             out,
         ]
+        if args.num_workers is not None:
+            cmd += ['--num-workers', str(args.num_workers)]
+        if profile:
+            cmd += ['--profile-out', profile]
         env = dict(os.environ, PYTHONWARNINGS='ignore')
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
         if proc.returncode != 0:
@@ -105,6 +167,140 @@ def run_one(config, mode, args, data_roots) -> dict:
             )
         with open(out) as f:
             return json.load(f)
+
+
+#: Guard component -> the functions whose cumulative time is its cost, as
+#: ``(path suffix, function name)``; ``minus`` entries are subtracted
+#: (time of nested components, or of the model work a wrapper calls).
+COMPONENTS: Dict[str, Dict[str, List[Tuple[str, str]]]] = {
+    'input check (finite flag of the batch)': dict(
+        plus=[
+            ('engine/guard/input_check.py', 'finite_flag'),
+            ('engine/guard/input_check.py', 'batch_tensors'),
+        ]
+    ),
+    'loss check before backward (spike veto excluded)': dict(
+        plus=[('engine/guard/step_guard.py', 'loss_is_finite')],
+        minus=[('engine/guard/spike_detector.py', 'loss_veto')],
+    ),
+    'gradient-norm check before the step (spike veto excluded)': dict(
+        plus=[('engine/guard/step_guard.py', 'grad_norm_is_finite')],
+        minus=[('engine/guard/spike_detector.py', 'grad_veto')],
+    ),
+    'gradient norm computed by the guard (no clip_grad)': dict(
+        plus=[('engine/guard/finite.py', 'total_norm')],
+        minus=[('engine/hooks/nanguard_hook.py', '_params_finite')],
+    ),
+    'spike detector (loss and grad vetoes)': dict(
+        plus=[
+            ('engine/guard/spike_detector.py', 'loss_veto'),
+            ('engine/guard/spike_detector.py', 'grad_veto'),
+        ]
+    ),
+    'parameter check after the step': dict(
+        plus=[('engine/hooks/nanguard_hook.py', '_params_finite')]
+    ),
+    'history (append, scheduled lr, first lr)': dict(
+        plus=[
+            ('engine/guard/history.py', 'append'),
+            ('engine/guard/scheduled_lr.py', 'read'),
+            ('engine/hooks/nanguard_hook.py', '_first_lr'),
+        ]
+    ),
+    'RNG state for the incident batch': dict(
+        plus=[('engine/guard/rng.py', 'capture_rng_state')]
+    ),
+    'counters to the MessageHub': dict(
+        plus=[('engine/hooks/nanguard_hook.py', '_publish')]
+    ),
+    'ValidateAnnotations (main-process pipeline)': dict(
+        plus=[('datasets/transforms/validate_annotations.py', 'transform')]
+    ),
+    'NanGuardHook before/after_train_iter (all of the above in hooks)': dict(
+        plus=[
+            ('engine/hooks/nanguard_hook.py', 'before_train_iter'),
+            ('engine/hooks/nanguard_hook.py', 'after_train_iter'),
+        ]
+    ),
+    'other mmnanguard hooks per iteration (AMP monitor, diagnosis)': dict(
+        plus=[
+            ('engine/hooks/amp_scale_monitor_hook.py', 'before_train_iter'),
+            ('engine/hooks/amp_scale_monitor_hook.py', 'after_train_iter'),
+            ('engine/hooks/nan_diagnosis_hook.py', 'before_train_iter'),
+            ('engine/hooks/nan_diagnosis_hook.py', 'after_train_iter'),
+        ]
+    ),
+}
+#: Host reads the guard makes itself: these C methods, called from
+#: mmnanguard code (``float(t)``/``bool(t)`` go through type slots that
+#: cProfile does not see; on the CPU each read costs microseconds).
+HOST_READ_METHODS = ('item', 'tolist', 'numpy', 'cpu')
+
+
+def _cumtime(stats, suffix: str, name: str) -> float:
+    return sum(
+        value[3]
+        for (path, _, func), value in stats.stats.items()
+        if func == name and path.replace(os.sep, '/').endswith(suffix)
+    )
+
+
+def profile_components(path: str, iters: int, s_per_iter: float) -> dict:
+    """Guard time per component from a cProfile dump of ``iters``
+    iterations.
+
+    Args:
+        path (str): The dump (``runner.train()`` of one run).
+        iters (int): Iterations of the run.
+        s_per_iter (float): Median s/iter of the profiled run (the
+            denominator of the shares).
+
+    Returns:
+        dict: component -> ``ms_per_iter`` and ``share`` of an iteration,
+        plus ``profiled_s_per_iter``.
+    """
+    import pstats
+
+    stats = pstats.Stats(path)
+    rows: Dict[str, Any] = {}
+    for component, spec in COMPONENTS.items():
+        total = sum(_cumtime(stats, *f) for f in spec.get('plus', []))
+        total -= sum(_cumtime(stats, *f) for f in spec.get('minus', []))
+        rows[component] = max(total, 0.0)
+    reads = 0.0
+    for (_, _, func), value in stats.stats.items():
+        method = func.split("'")[1] if func.startswith('<method') else ''
+        if method not in HOST_READ_METHODS:
+            continue
+        for (caller, _, _), c_value in value[4].items():
+            if 'mmnanguard' in caller.replace(os.sep, '/'):
+                reads += c_value[3]
+    rows['host reads in mmnanguard code (.item/.tolist/...)'] = reads
+    return dict(
+        profiled_s_per_iter=s_per_iter,
+        components={
+            k: dict(
+                ms_per_iter=1000 * v / iters,
+                share=v / iters / s_per_iter if s_per_iter else None,
+            )
+            for k, v in rows.items()
+        },
+    )
+
+
+def print_profiles(profiles: dict) -> None:
+    for run, profile in profiles.items():
+        print(
+            f'\nprofile {run} (profiled median '
+            f"{profile['profiled_s_per_iter']:.3f} s/iter)"
+        )
+        print('| component | ms/iter | share of an iteration |')
+        print('|---|---|---|')
+        for name, row in profile['components'].items():
+            print(
+                f"| {name} | {row['ms_per_iter']:.2f} "
+                f"| {100 * (row['share'] or 0):.2f} % |"
+            )
 
 
 def summarize(results, modes, configs, warmup) -> dict:
@@ -169,12 +365,33 @@ def main() -> int:
         default=['bare', 'guard_skip'],
         choices=list(MODES),
     )
+    parser.add_argument(
+        '--num-workers',
+        type=int,
+        help="dataloader workers (default: the tiny configs' 0)",
+    )
+    parser.add_argument(
+        '--profile',
+        nargs='*',
+        metavar='MODE',
+        help='after the rounds, one cProfile run per MODE (default: '
+        'include) and the guard time per component',
+    )
     parser.add_argument('--out', help='write the raw results and summary')
     parser.add_argument('--worker', nargs=6, help=argparse.SUPPRESS)
+    parser.add_argument('--profile-out', help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         config, mode, iters, data_root, work_dir, out = args.worker
-        result = worker(config, mode, int(iters), data_root, work_dir)
+        result = worker(
+            config,
+            mode,
+            int(iters),
+            data_root,
+            work_dir,
+            num_workers=args.num_workers,
+            profile=args.profile_out,
+        )
         with open(out, 'w') as f:
             json.dump(result, f)
         return 0
@@ -206,10 +423,26 @@ def main() -> int:
         )
     summary = summarize(results, modes, args.configs, args.warmup)
     print_table(summary)
+    profiles = {}
+    if args.profile is not None:
+        for config in args.configs:
+            for mode in args.profile or ['include']:
+                stats = osp.join(data_dir, f'{config}_{mode}.prof')
+                timed = run_one(config, mode, args, data_roots, stats)
+                per_iter = statistics.median(timed['times'][args.warmup :])
+                profiles[f'{config}/{mode}'] = profile_components(
+                    stats, args.iters, per_iter
+                )
+        print_profiles(profiles)
     if args.out:
         with open(args.out, 'w') as f:
             json.dump(
-                dict(summary=summary, raw=results, args=vars(args)),
+                dict(
+                    summary=summary,
+                    raw=results,
+                    profiles=profiles,
+                    args=vars(args),
+                ),
                 f,
                 indent=1,
             )

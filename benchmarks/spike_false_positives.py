@@ -23,6 +23,7 @@ import math
 import tempfile
 from typing import Dict, List
 
+import torch
 from mmengine.hooks import Hook
 from mmengine.runner import Runner
 
@@ -46,13 +47,11 @@ class SeriesRecorder(Hook):
         self, runner, batch_idx, data_batch=None, outputs=None
     ) -> None:
         guard = next(h for h in runner.hooks if isinstance(h, NanGuardHook))
-        record = guard.step_guard.record
-        values = {
-            k: float(v.detach()) if hasattr(v, 'detach') else float(v)
-            for k, v in record.loss_terms.items()
-            if 'loss' in k
-        }
-        values['grad_norm'] = record.grad_norm
+        verdict = guard.step_guard.outcome.last
+        if verdict is None:
+            return
+        values = {k: v for k, v in verdict.loss_terms.items() if 'loss' in k}
+        values['grad_norm'] = verdict.grad_norm
         self.series.append(values)
         self.lrs.append(runner.optim_wrapper.get_lr()['lr'][0])
 
@@ -63,12 +62,10 @@ def replay(series: List[Dict[str, float]], factor: float) -> List[int]:
     detector = SpikeDetector(SpikeSettings(action='log', factor=factor))
     flagged = []
     for i, values in enumerate(series):
-        spikes = [
-            detector.check('loss', k, v)
-            for k, v in values.items()
-            if v is not None
-        ]
-        if any(spikes):
+        check = detector.check(
+            {k: torch.tensor(v) for k, v in values.items() if v is not None}
+        )
+        if check is not None and bool(check.flags.any()):
             flagged.append(i)
     return flagged
 

@@ -17,10 +17,8 @@ import json
 import sys
 from typing import List, Optional
 
-from mmengine.config import DictAction
-
 import mmnanguard  # noqa: F401  (stack mends before mmrotate is imported)
-from mmnanguard.analysis.cli import load_config, usage_error
+from mmnanguard.analysis.cli import KeyValueAction, load_config, usage_error
 from mmnanguard.datasets.scan import DatasetScan, format_report
 from mmnanguard.optional import MissingPackageError
 
@@ -68,7 +66,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     parser.add_argument(
         '--cfg-options',
         nargs='+',
-        action=DictAction,
+        action=KeyValueAction,
         help='override settings of the config, as in tools/train.py',
     )
     return parser.parse_args(argv)

@@ -21,10 +21,13 @@ import json
 import sys
 from typing import List, Optional
 
-from mmengine.config import DictAction
-
 import mmnanguard  # noqa: F401  (stack mends before mmrotate is imported)
-from mmnanguard.analysis.cli import INPUT_ERRORS, load_config, usage_error
+from mmnanguard.analysis.cli import (
+    INPUT_ERRORS,
+    KeyValueAction,
+    load_config,
+    usage_error,
+)
 from mmnanguard.analysis.config_walk import build_in_scope, unresolved_losses
 from mmnanguard.analysis.loss_battery import (
     KINDS,
@@ -53,7 +56,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     parser.add_argument(
         '--kwargs',
         nargs='+',
-        action=DictAction,
+        action=KeyValueAction,
         default={},
         metavar='K=V',
         help='arguments of --loss, e.g. loss_type=kld',
@@ -80,7 +83,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     parser.add_argument(
         '--cfg-options',
         nargs='+',
-        action=DictAction,
+        action=KeyValueAction,
         help='override settings of the config, as in tools/train.py',
     )
     args = parser.parse_args(argv)
@@ -106,9 +109,16 @@ def _reports(args: argparse.Namespace):
             angle_version=args.angle_version,
             ignore_index=args.ignore_index,
         )
-        report = check_loss_config(
-            cfg, args.scope, args.loss, args.kind, **settings
-        )
+        try:
+            report = check_loss_config(
+                cfg, args.scope, args.loss, args.kind, **settings
+            )
+        except INPUT_ERRORS as err:
+            return None, (
+                f'cannot check --loss {args.loss!r} in scope '
+                f'{args.scope!r} with {args.kwargs}: '
+                f'{type(err).__name__}: {err}'
+            )
         if report.error and not report.results:
             return None, f'--loss {args.loss!r}: {report.error}'
         return [report], None

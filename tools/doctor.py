@@ -25,11 +25,10 @@ import json
 import sys
 from typing import List, Optional
 
-from mmengine.config import DictAction
-
 import mmnanguard  # noqa: F401  (stack mends before mmrotate is imported)
 from mmnanguard.analysis.cli import (
     INPUT_ERRORS,
+    KeyValueAction,
     load_config,
     positive_int,
     usage_error,
@@ -64,7 +63,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     parser.add_argument(
         '--cfg-options',
         nargs='+',
-        action=DictAction,
+        action=KeyValueAction,
         help='override settings of the config, as in tools/train.py',
     )
     return parser.parse_args(argv)

@@ -19,10 +19,13 @@ evidence and the remedy are printed as Markdown.
 An incident folder is data, never code. ``report.json`` is JSON;
 ``batch.pth`` and ``model.pth`` are loaded with ``weights_only=True`` and
 an exact allowlist (tensors, numpy arrays, the OpenMMLab data classes; see
-:func:`mmnanguard.engine.diagnosis.incident_files.load_batch`), and a file
-that holds anything else is refused, naming it. The folder's ``config.py``
-is Python: loading it runs it. It is used only with ``--trust-config``,
-for folders you wrote yourself.
+:func:`mmnanguard.engine.incident.folder.load_batch`), and a file that
+holds anything else is refused, naming it. A folder that is a link or
+holds a link is refused, and ``--write`` writes nothing through a link
+(:func:`mmnanguard.engine.incident.folder.write_incident_file`). The
+folder's ``config.py`` is Python: loading it runs it. It is used only
+with ``--trust-config``, for folders you wrote yourself; ``--config``
+naming a file inside the folder counts as the folder's config.
 
 Options:
     --config CFG: the run's config, from your own checkout.
@@ -35,15 +38,15 @@ Options:
     --write: rewrite ``report.json``, ``report.md`` and ``timeline.png`` of
         the folder with this diagnosis.
 
-Exit status: 0 when replayed, 2 when an input is refused or missing (one
-line on stderr says which and why).
+Exit status: 0 when replayed, 2 when an input is refused, missing or
+does not replay (one paragraph on stderr names the file and says why).
 """
 
 import argparse
 import os.path as osp
 import pickle
 import sys
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Optional, Tuple
 
 import torch
 from mmengine.config import Config
@@ -51,16 +54,21 @@ from mmengine.registry import MODELS, init_default_scope
 from mmengine.runner import load_checkpoint
 
 import mmnanguard  # noqa: F401  (stack mends before mmrotate)
-from mmnanguard.compat.safe_load import weights_only_load
+from mmnanguard.analysis.cli import load_config as load_config_file
 from mmnanguard.engine.diagnosis import (
     diagnose,
-    load_incident,
     render_markdown,
     write_diagnosis,
 )
-from mmnanguard.engine.hooks.nan_diagnosis_hook import CONFIG_NAME, MODEL_NAME
+from mmnanguard.engine.incident.folder import (
+    CONFIG_NAME,
+    MODEL_NAME,
+    REPORT_NAME,
+    load_incident,
+    load_model_state,
+)
 
-#: Errors of reading the inputs: reported in one line, exit status 2.
+#: Errors of reading the inputs: reported in one paragraph, exit status 2.
 INPUT_ERRORS = (
     OSError,
     ValueError,
@@ -68,6 +76,16 @@ INPUT_ERRORS = (
     SyntaxError,
     RuntimeError,
     pickle.UnpicklingError,
+)
+#: Errors of a replay of a batch and report that do not fit the model.
+REPLAY_ERRORS = (
+    TypeError,
+    ValueError,
+    KeyError,
+    AttributeError,
+    IndexError,
+    RuntimeError,
+    RecursionError,
 )
 
 
@@ -118,15 +136,33 @@ def amp_dtype_of(cfg: Config):
     return getattr(torch, dtype) if isinstance(dtype, str) else dtype
 
 
+def inside(path: str, folder: str) -> bool:
+    """Whether ``path`` (links resolved) lies in ``folder``."""
+    real, root = osp.realpath(path), osp.realpath(folder)
+    return osp.commonpath([real, root]) == root
+
+
 def config_path(args: argparse.Namespace, folder: str) -> str:
     """The config to build the model from: ``--config``, or the folder's
     ``config.py`` under ``--trust-config``.
 
+    A ``--config`` inside the incident folder is the folder's own config:
+    it needs ``--trust-config`` like ``config.py`` does.
+
     Raises:
-        ValueError: Neither was given, or both.
+        ValueError: Neither was given, or both, or ``--config`` names a
+            file of the folder without ``--trust-config``.
         FileNotFoundError: The config does not exist.
     """
-    if args.config and args.trust_config:
+    own = bool(args.config) and inside(args.config, folder)
+    if own and not args.trust_config:
+        raise ValueError(
+            f'--config {args.config} is inside the incident folder '
+            f'{folder}: it came with the folder, is Python and runs when '
+            "loaded. Pass --config CFG (the run's config, from your own "
+            'checkout) or, for a folder you wrote yourself, --trust-config'
+        )
+    if args.config and args.trust_config and not own:
         raise ValueError(
             'pass either --config CFG or --trust-config, not both'
         )
@@ -146,39 +182,39 @@ def config_path(args: argparse.Namespace, folder: str) -> str:
     return config
 
 
-def load_model_state(path: str) -> Dict[str, torch.Tensor]:
-    """``model.pth``: a plain state dict, loaded as data only.
+def load_config(path: str) -> Config:
+    """``Config.fromfile(path)``; every error names the file.
 
     Raises:
-        FileNotFoundError: There is no such file.
-        UntrustedFileError: It holds anything beyond tensors in dicts.
-        ValueError: It is not a dict of tensors.
+        ValueError: The file is not a config, or loading it failed.
     """
-    if not osp.isfile(path):
-        raise FileNotFoundError(
-            f'{path} does not exist (NanDiagnosisHook(save_model=True) '
-            'writes it): pass --checkpoint CKPT'
-        )
-    state = weights_only_load(path, [], what='model state')
-    if not isinstance(state, dict) or not all(
-        isinstance(v, torch.Tensor) for v in state.values()
-    ):
-        raise ValueError(
-            f'{path} is not a model state dict: expected a dict of '
-            'tensors (what NanDiagnosisHook writes)'
-        )
-    return state
+    cfg, error = load_config_file(path)
+    if error is not None:
+        raise ValueError(error)
+    return cfg
 
 
 def build_model(cfg: Config, folder: str, checkpoint: Optional[str] = None):
     """The config's model with the incident's (or the given) weights."""
     init_default_scope(cfg.get('default_scope', 'mmengine'))
-    model = MODELS.build(cfg.model)
+    try:
+        model = MODELS.build(cfg.model)
+    except (*REPLAY_ERRORS, ImportError) as err:
+        raise ValueError(
+            f'cannot build the model of the config {cfg.filename}: '
+            f'{type(err).__name__}: {err}'
+        ) from err
     if checkpoint:
         load_checkpoint(model, checkpoint, map_location='cpu')
         return model, f'the checkpoint {checkpoint}'
     path = osp.join(folder, MODEL_NAME)
-    model.load_state_dict(load_model_state(path))
+    try:
+        model.load_state_dict(load_model_state(path))
+    except (RuntimeError, TypeError) as err:
+        raise ValueError(
+            f'{path} does not fit the model of the config {cfg.filename}: '
+            f'{type(err).__name__}: {err}'
+        ) from err
     return model, f'{path} (the state the in-training replay started from)'
 
 
@@ -186,32 +222,54 @@ def load_inputs(args: argparse.Namespace) -> Tuple[Any, ...]:
     """Report, batch, config and model of the replay, each checked."""
     folder = osp.abspath(args.incident_dir)
     report, batch = load_incident(folder)
-    cfg = Config.fromfile(config_path(args, folder))
+    cfg = load_config(config_path(args, folder))
     model, state = build_model(cfg, folder, args.checkpoint)
     return folder, report, batch, cfg, model, state
+
+
+def error(message: Any) -> int:
+    """Print ``message`` as one paragraph on stderr; return 2."""
+    text = ' '.join(str(message).split())
+    if text.startswith('nanguard: '):
+        text = text[len('nanguard: ') :]
+    print(f'replay: error: {text}', file=sys.stderr, flush=True)
+    return 2
+
+
+def replay(args: argparse.Namespace, inputs: Tuple[Any, ...]) -> str:
+    """Diagnose the incident; return the Markdown of the verdict."""
+    folder, report, batch, cfg, model, state = inputs
+    amp_dtype = None if args.fp32 else amp_dtype_of(cfg)
+    loss_scale = report.get('loss_scale') if amp_dtype is not None else None
+    try:
+        diagnose(
+            model,
+            report,
+            batch,
+            replay_state=f'offline: {state}',
+            amp_dtype=amp_dtype,
+            loss_scale=loss_scale,
+            anomaly=args.anomaly,
+        )
+        return render_markdown(report)
+    except REPLAY_ERRORS as err:
+        raise ValueError(
+            f'replaying the incident {folder} ({osp.join(folder, REPORT_NAME)}'
+            f' and its batch) with the model of {cfg.filename} failed: '
+            f'{type(err).__name__}: {err}'
+        ) from err
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
     try:
-        folder, report, batch, cfg, model, state = load_inputs(args)
+        inputs = load_inputs(args)
+        text = replay(args, inputs)
+        if args.write:
+            write_diagnosis(inputs[1], inputs[0])
     except INPUT_ERRORS as err:
-        print(f'replay: error: {err}', file=sys.stderr)
-        return 2
-    amp_dtype = None if args.fp32 else amp_dtype_of(cfg)
-    loss_scale = report.get('loss_scale') if amp_dtype is not None else None
-    diagnose(
-        model,
-        report,
-        batch,
-        replay_state=f'offline: {state}',
-        amp_dtype=amp_dtype,
-        loss_scale=loss_scale,
-        anomaly=args.anomaly,
-    )
-    if args.write:
-        write_diagnosis(report, folder)
-    print(render_markdown(report))
+        return error(err)
+    print(text)
     return 0
 
 

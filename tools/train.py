@@ -13,8 +13,12 @@ plus:
 
 Exit status: 0 done; 1 smoke test found a non-finite value; 2 wrong flag,
 config or setting, or a runner, dataset or optimizer that cannot be built
-from the config (nothing trained; one paragraph on stderr); 3 training stopped by the guard or by
-an annotation check (one paragraph on stderr, the report path in it).
+from the config, or a --resume checkpoint that does not load while no other checkpoint next to
+it does (nothing trained; one paragraph on stderr); 3 training stopped by the guard or by an
+annotation check (one paragraph on stderr, the report path in it); 4 preempted: SIGTERM or SIGINT
+during a protected run, a checkpoint of the last finished iteration was saved and ``last_checkpoint``
+names it (one paragraph on stderr; continue with ``--resume``; see
+``mmnanguard/engine/runner/preemption.py``).
 
 ``--launcher pytorch`` works on a CPU-only torch too (gloo), e.g.
 ``torchrun --nproc_per_node 2 tools/train.py CONFIG --launcher pytorch``.
@@ -29,7 +33,7 @@ import os.path as osp
 import sys
 from typing import List, Optional
 
-EXIT_SMOKE_FAILED, EXIT_USAGE, EXIT_STOPPED = 1, 2, 3
+EXIT_SMOKE_FAILED, EXIT_USAGE, EXIT_STOPPED, EXIT_PREEMPTED = 1, 2, 3, 4
 GUARD_CHOICES = ('raise', 'skip', 'rollback', 'off')
 TRACEBACK_ENV = 'MMNANGUARD_TRACEBACK'
 
@@ -210,6 +214,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     from mmnanguard.compat.cpu_distributed import prepare_cpu_distributed
     from mmnanguard.datasets import InvalidAnnotationError
     from mmnanguard.engine import NonFiniteTrainingError
+    from mmnanguard.engine.runner import (
+        TrainingPreempted,
+        UnusableCheckpointError,
+    )
     from mmnanguard.engine.runner import train_options as opts
     from mmnanguard.models.losses import InvalidLabelError
 
@@ -242,6 +250,13 @@ def main(argv: Optional[List[str]] = None) -> int:
             f'{type(err).__name__}: {err} Training stopped; the log and the '
             f'incident reports are under {cfg.work_dir}.',
             EXIT_STOPPED,
+        )
+    except TrainingPreempted as err:
+        return fail(f'{type(err).__name__}: {err}', EXIT_PREEMPTED)
+    except UnusableCheckpointError as err:
+        return fail(
+            f'{type(err).__name__}: {one_line(err)} Nothing was trained.',
+            EXIT_USAGE,
         )
     if args.smoke_test:
         lines, ok = opts.smoke_test_rows(runner)

@@ -84,20 +84,124 @@ def numpy_dtype_classes() -> List[type]:
     return found
 
 
-def numpy_globals() -> List[Callable]:
+#: The dtype kinds a checkpoint or batch may hold: bool, signed and
+#: unsigned integers, floats, complex numbers.
+NUMERIC_KINDS = 'biufc'
+#: The name a pickled dtype is called by.
+DTYPE_NAME = 'numpy.dtype'
+
+
+def checked_dtype(*args: Any) -> np.dtype:
+    """``numpy.dtype`` as the unpickler calls it, for bool and numeric
+    dtypes only.
+
+    A dtype pickles as ``numpy.dtype('f8', False, True)`` (a type code,
+    ``align``, ``copy``). Registered under the name ``numpy.dtype`` instead
+    of the class itself, so an array of object (or string, void, datetime)
+    dtype is refused before any of its items is read.
+
+    Raises:
+        pickle.UnpicklingError: The arguments are not a type code and two
+            booleans, or the dtype is not bool or numeric; naming them.
+    """
+    if not (
+        1 <= len(args) <= 3
+        and type(args[0]) is str
+        and all(type(arg) is bool for arg in args[1:])
+    ):
+        raise pickle.UnpicklingError(
+            f'the call numpy.dtype{_short_args(args)} is not on the '
+            "allowlist: expected numpy.dtype('<type code>', bool, bool)"
+        )
+    try:
+        dtype = np.dtype(*args)
+    except (TypeError, ValueError) as err:
+        raise pickle.UnpicklingError(
+            f'the call numpy.dtype{_short_args(args)} failed: {err}'
+        ) from err
+    if dtype.kind not in NUMERIC_KINDS:
+        raise pickle.UnpicklingError(
+            f'the call numpy.dtype({args[0]!r}) makes a dtype of kind '
+            f'{dtype.kind!r} ({dtype}); only bool and numeric dtypes (kinds '
+            f'{", ".join(NUMERIC_KINDS)}) are on the allowlist'
+        )
+    return dtype
+
+
+def _short_args(args: tuple) -> str:
+    text = repr(args)
+    return text if len(text) <= 80 else text[:77] + '...'
+
+
+def numpy_globals() -> List[Any]:
     """What numpy arrays, dtypes and scalars pickle to, and nothing else.
 
-    ``bytes`` is the data of an empty array (protocol 2 pickles ``b''`` as
-    ``bytes()``).
+    ``numpy.dtype`` resolves to :func:`checked_dtype` (bool and numeric
+    dtypes only). The dtype classes (``Float64DType``, ...) are listed for
+    ``BUILD``, which restores a dtype's byte order. Before numpy 1.25 a
+    dtype's class is ``numpy.dtype`` itself: it is then listed under a
+    name that no file can reference (a pickle's global names hold no
+    newline), for ``BUILD`` only. ``bytes`` is the data of an empty array
+    (protocol 2 pickles ``b''`` as ``bytes()``).
     """
     multiarray = _numpy_core().multiarray
+    classes: List[Any] = numpy_dtype_classes()
+    if not classes:
+        classes = [(np.dtype, DTYPE_NAME + '\n(BUILD only)')]
     return [
         np.ndarray,
-        np.dtype,
+        (checked_dtype, DTYPE_NAME),
         multiarray._reconstruct,
         multiarray.scalar,
         bytes,
-    ] + numpy_dtype_classes()
+    ] + classes
+
+
+def check_loaded(obj: Any, path: str, what: str = 'checkpoint') -> None:
+    """Refuse what the unpickler let through but no honest file holds.
+
+    * a ``HistoryBuffer`` stand-in that was created (``NEWOBJ``) but never
+      restored (no ``BUILD``): unchecked, and without a buffer's
+      attributes;
+    * a numpy array whose dtype is not bool or numeric.
+
+    Args:
+        obj: What :func:`torch.load` returned.
+        path (str): The file, for the message.
+        what (str): What the file is, for the message.
+
+    Raises:
+        UntrustedCheckpointError: Naming the file and what was found.
+    """
+    stack = [obj]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple, set, frozenset)):
+            stack.extend(item)
+        elif isinstance(item, checked_history_buffer.CheckedHistoryBuffer):
+            raise UntrustedCheckpointError(
+                refusal_message(
+                    what,
+                    path,
+                    'it creates a HistoryBuffer (NEWOBJ) that it never '
+                    'restores (no BUILD): the state of such a buffer is '
+                    'unchecked',
+                )
+            )
+        elif (
+            isinstance(item, np.ndarray)
+            and item.dtype.kind not in NUMERIC_KINDS
+        ):
+            raise UntrustedCheckpointError(
+                refusal_message(
+                    what,
+                    path,
+                    f'it holds a numpy array of dtype {item.dtype}; only '
+                    'bool and numeric arrays are on the allowlist',
+                )
+            )
 
 
 def mmengine_checkpoint_globals() -> List[Any]:
@@ -113,7 +217,10 @@ def mmengine_checkpoint_globals() -> List[Any]:
       only the buffer's four statistics methods (pickled as
       ``getattr(HistoryBuffer, 'mean')``);
     * what numpy arrays, dtypes and scalars pickle to (the histories, the
-      message hub's runtime information such as the seed).
+      message hub's runtime information such as the seed), with
+      ``numpy.dtype`` as :func:`checked_dtype` (bool and numeric only).
+
+    :func:`check_loaded` then refuses a buffer that was never restored.
 
     Returns:
         list: Entries for ``torch.serialization.safe_globals``.
@@ -152,13 +259,15 @@ def load_from_local(filename: str, map_location: Any = None) -> dict:
     filename = osp.expanduser(filename)
     if not osp.isfile(filename):
         raise FileNotFoundError(f'{filename} can not be found.')
-    return weights_only_load(
+    checkpoint = weights_only_load(
         filename,
         mmengine_checkpoint_globals(),
         what='checkpoint',
         error=UntrustedCheckpointError,
         map_location=map_location,
     )
+    check_loaded(checkpoint, filename)
+    return checkpoint
 
 
 def scoped_loader(loader: Callable) -> Callable:
@@ -180,7 +289,7 @@ def scoped_loader(loader: Callable) -> Callable:
     def load(filename: str, map_location: Any = None) -> Any:
         with scoped_safe_globals(mmengine_checkpoint_globals()):
             try:
-                return loader(filename, map_location)
+                checkpoint = loader(filename, map_location)
             except pickle.UnpicklingError as err:
                 reason = (
                     'the unpickler refused a global, a call or an '
@@ -189,6 +298,8 @@ def scoped_loader(loader: Callable) -> Callable:
                 raise UntrustedCheckpointError(
                     refusal_message('checkpoint', filename, reason)
                 ) from err
+        check_loaded(checkpoint, filename)
+        return checkpoint
 
     load.nanguard_scoped = True
     return load
@@ -230,6 +341,8 @@ def apply() -> bool:
 __all__ = [
     'UntrustedCheckpointError',
     'apply',
+    'check_loaded',
+    'checked_dtype',
     'is_needed',
     'load_from_local',
     'mmengine_checkpoint_globals',

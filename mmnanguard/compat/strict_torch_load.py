@@ -28,6 +28,7 @@ from mmengine.runner import checkpoint as mmengine_checkpoint
 
 from .checkpoint_allowlist import (
     UntrustedCheckpointError,
+    check_loaded,
     mmengine_checkpoint_globals,
 )
 from .safe_load import weights_only_load
@@ -63,7 +64,7 @@ def strict_torch_load(
     if not isinstance(file, str):  # a downloaded buffer (s3://, petrel://)
         name = getattr(file, 'name', 'a downloaded checkpoint')
         file = io.BytesIO(file.read() if hasattr(file, 'read') else file)
-    return weights_only_load(
+    checkpoint = weights_only_load(
         file,
         mmengine_checkpoint_globals(),
         what='checkpoint',
@@ -71,6 +72,8 @@ def strict_torch_load(
         map_location=map_location,
         name=name,
     )
+    check_loaded(checkpoint, name or file)
+    return checkpoint
 
 
 strict_torch_load.nanguard_mend = True

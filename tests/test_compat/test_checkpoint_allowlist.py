@@ -3,6 +3,7 @@ import collections
 import inspect
 import os
 import pickle
+import re
 import subprocess
 import sys
 import textwrap
@@ -147,11 +148,44 @@ def test_empty_history_buffer_loads(tmp_path):
     assert loaded.data[0].shape == (0,) and loaded.data[1].shape == (0,)
 
 
-def test_object_arrays_are_refused(tmp_path):
+@pytest.mark.parametrize(
+    'values, kind',
+    [
+        (np.array([1, 'a'], dtype=object), 'O'),
+        (np.array(['ab', 'c']), 'U'),
+        (np.array([b'ab']), 'S'),
+        (np.array(['2020-01-01'], dtype='datetime64[D]'), 'M'),
+    ],
+)
+def test_non_numeric_arrays_are_refused(tmp_path, values, kind):
     path = str(tmp_path / 'objects.pth')
-    torch.save(dict(array=np.array([1, 'a'], dtype=object)), path)
-    with pytest.raises(mend.UntrustedCheckpointError, match='ObjectDType'):
+    torch.save(dict(array=values), path)
+    with pytest.raises(mend.UntrustedCheckpointError) as err:
         mend.load_from_local(path)
+    message = str(err.value)
+    assert path in message and f'dtype of kind {kind!r}' in message
+
+
+def test_checked_dtype_makes_only_bool_and_numeric_dtypes():
+    for code in ('b1', 'i8', 'u1', 'f2', 'f8', 'c16'):
+        dtype = mend.checked_dtype(code, False, True)
+        assert dtype == np.dtype(code)
+    for args, named in [
+        (('O8', False, True), "kind 'O'"),
+        (('V8', False, True), "kind 'V'"),
+        (({'names': ['a'], 'formats': ['O']},), "expected numpy.dtype('"),
+        (('f8', 0, 1), "expected numpy.dtype('"),
+        (('no such type',), 'failed'),
+    ]:
+        with pytest.raises(pickle.UnpicklingError, match=re.escape(named)):
+            mend.checked_dtype(*args)
+    entries = dict((name, obj) for obj, name in _named(mend.numpy_globals()))
+    assert entries['numpy.dtype'] is mend.checked_dtype
+    assert np.dtype not in [obj for obj, _ in _named(mend.numpy_globals())]
+
+
+def _named(entries):
+    return [e if isinstance(e, tuple) else (e, name_of(e)) for e in entries]
 
 
 @pytest.mark.parametrize(

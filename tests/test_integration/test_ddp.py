@@ -43,7 +43,7 @@ def test_fault_on_one_rank_same_action_on_both(tiny_dota_root, tmp_path):
     )
     assert out.returncode == 0, out.stderr[-4000:]
     log = out.stdout + out.stderr
-    assert log.count('NanGuard summary') >= 1
+    assert log.count('nanguard summary') >= 1
     reports = sorted(
         glob.glob(str(work_dir / 'nanguard' / '*' / 'report.json'))
     )

@@ -124,7 +124,7 @@ def test_guard_raise_stops_cleanly(tiny_dota_root, tmp_path):
     ]
     assert len(message) == 1
     assert (
-        'NonFiniteTrainingError: NanGuard stopped training: '
+        'NonFiniteTrainingError: nanguard stopped training: '
         'nonfinite_grad at iteration 0' in message[0]
     )
     report = glob.glob(str(tmp_path / 'nanguard' / '*' / 'report.json'))

@@ -24,17 +24,19 @@ from mmengine.logging.history_buffer import HistoryBuffer
 
 class Call:
     """Pickles as ``fn(*args)`` (``REDUCE``), then ``SETITEMS`` of
-    ``items`` into the result."""
+    ``items`` into the result, then ``BUILD`` of ``state`` (if given)."""
 
-    def __init__(self, fn: Any, *args: Any, items: Dict = None) -> None:
-        self.fn, self.args, self.items = fn, args, items
+    def __init__(
+        self, fn: Any, *args: Any, items: Dict = None, state: Any = None
+    ) -> None:
+        self.fn, self.args, self.items, self.state = fn, args, items, state
 
     def __call__(self):  # pickle wants a callable ``fn``
         raise TypeError('only pickled, never called')
 
     def __reduce__(self):
         items = iter(self.items.items()) if self.items else None
-        return (self.fn, self.args, None, None, items)
+        return (self.fn, self.args, self.state, None, items)
 
 
 class Persistent:
@@ -116,6 +118,31 @@ def history_buffer_extra_attribute(marker: str = '') -> bytes:
             _statistics_methods={},
         )
     )
+
+
+def object_array(marker: str = '') -> bytes:
+    """A numpy array of object dtype, as numpy pickles it but without the
+    dtype's ``BUILD`` (torch refuses ``BUILD`` of ``ObjectDType``; the
+    dtype's call alone makes it)."""
+    core = getattr(np, '_core', None)
+    multiarray = (core if hasattr(core, 'multiarray') else np.core).multiarray
+    dtype = Call(np.dtype, 'O8', False, True)
+    state = (1, (2,), dtype, False, [1, 'a'])
+    return dumps(
+        Call(multiarray._reconstruct, np.ndarray, (0,), b'b', state=state)
+    )
+
+
+def history_buffer_never_built(marker: str = '') -> bytes:
+    """A message hub whose ``HistoryBuffer`` is created (``NEWOBJ``) but
+    never restored (no ``BUILD``): no state to check, no attributes."""
+    buffer = (
+        _op_global('mmengine.logging.history_buffer', 'HistoryBuffer')
+        + b')\x81'
+    )
+    scalars = b'}' + _op_str('train/loss') + buffer + b's'
+    hub = b'}' + _op_str('log_scalars') + scalars + b's'
+    return b'\x80\x02}' + _op_str('message_hub') + hub + b's.'
 
 
 def foreign_call(marker: str) -> bytes:

@@ -41,6 +41,11 @@ ATTACKS = {
         "unexpected keys ['_statistics_methods']",
     ),
     'foreign_call': (crafted.foreign_call, 'posix.system'),
+    'object_array': (crafted.object_array, "kind 'O'"),
+    'history_buffer_never_built': (
+        crafted.history_buffer_never_built,
+        'never restores (no BUILD)',
+    ),
     'dotted_global_proto4': (crafted.dotted_global_proto4, 'os.system'),
 }
 

@@ -5,7 +5,7 @@ import torch
 from mmengine.structures import InstanceData
 
 from mmnanguard.engine.diagnosis import load_incident
-from mmnanguard.engine.guard.incident import IncidentRecorder, replay_refusal
+from mmnanguard.engine.incident.folder import IncidentRecorder, replay_refusal
 
 
 class Stranger:
@@ -16,7 +16,7 @@ def _record(tmp_path, data_batch):
     recorder = IncidentRecorder(str(tmp_path), 5, rank=0, world_size=1)
     report = dict(iteration=3, kind='nonfinite_loss')
     batch = dict(data_batch=data_batch, rng_state={}, iteration=3)
-    return recorder.record(0, report, batch)
+    return recorder.record(report, batch)
 
 
 def test_honest_batch_is_loadable(tmp_path):

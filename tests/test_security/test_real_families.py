@@ -23,7 +23,7 @@ from mmengine.runner.checkpoint import CheckpointLoader
 
 from mmnanguard.compat import checkpoint_allowlist
 from mmnanguard.engine.diagnosis import load_incident
-from mmnanguard.engine.diagnosis.incident_files import (
+from mmnanguard.engine.incident.folder import (
     check_batch_globals,
     incident_batch_globals,
 )
@@ -139,7 +139,8 @@ def test_incident_loads_as_the_full_unpickler_reads_it(real_run):
     classes = {name.rsplit('.', 1)[1] for name in found}
     assert FAMILIES[real_run['family']][2] <= classes
     allowed = {
-        f'{c.__module__}.{c.__qualname__}' for c in incident_batch_globals()
+        c[1] if isinstance(c, tuple) else f'{c.__module__}.{c.__qualname__}'
+        for c in incident_batch_globals()
     }
     assert set(found) <= allowed
     assert check_batch_globals(batch_path) == []

@@ -1,10 +1,10 @@
 # Copyright (c) mmnanguard contributors. All rights reserved.
 """Diagnosis of incidents: replay, data checks, classification, reports."""
 
+from ..incident.folder import NotAnIncidentError, load_incident
 from .batch_checks import check_batch, model_classes
 from .classify import CAUSES, classify
 from .diagnose import diagnose, write_diagnosis
-from .incident_files import NotAnIncidentError, load_incident
 from .probe import ActivationProbe
 from .replay import ReplayResult, replay_batch
 from .replay_state import amp_settings, replay_model

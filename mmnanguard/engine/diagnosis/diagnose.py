@@ -9,10 +9,10 @@ from typing import Any, Dict, List, Optional
 import torch
 from torch import nn
 
+from ..incident.folder import write_report_json
 from .batch_checks import check_batch, model_classes
 from .classify import classify
 from .drop_ins import box_coders, loss_modules, module_entry
-from .incident_files import write_report_json
 from .remedy import remedies
 from .replay import ReplayResult, replay_batch
 from .report_md import verdict_lines, write_markdown

@@ -32,8 +32,8 @@ import torch
 from mmengine.optim import AmpOptimWrapper
 from torch import nn
 
+from ..guard.optim_members import optim_wrapper_members
 from ..guard.snapshot import unwrap_model
-from ..optimizers import optim_wrapper_members
 
 
 def _describe_state(

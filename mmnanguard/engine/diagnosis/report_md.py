@@ -1,10 +1,57 @@
 # Copyright (c) mmnanguard contributors. All rights reserved.
-"""``report.md``: the verdict of an incident for people."""
+"""``report.md``: the verdict of an incident for people.
+
+Every string of the report passes :func:`clean_report` before it reaches
+the Markdown: control characters, newlines and other line breaks become
+spaces, so a value of a ``report.json`` (``action``, ``epoch``, a loss
+term's name, ...) stays inside its line, whoever wrote the file.
+"""
 
 import os.path as osp
 from typing import Any, Dict, List
 
+from ..incident.folder import write_incident_file
+
 REPORT_MD = 'report.md'
+
+
+def clean_text(text: str) -> str:
+    """``text`` with every non-printable character (control and format
+    characters, newlines, line and paragraph separators) as a space."""
+    if text.isprintable():
+        return text
+    return ''.join(c if c.isprintable() else ' ' for c in text)
+
+
+def clean_report(value: Any, key: Any = None) -> Any:
+    """A copy of ``value`` with every string (keys too) cleaned.
+
+    The ``anomaly`` text (a traceback) becomes a list of cleaned lines,
+    with no Markdown code fence in them.
+
+    Args:
+        value: A report or a part of it (JSON types).
+        key: The key ``value`` is stored under.
+
+    Returns:
+        The cleaned copy.
+    """
+    if not isinstance(value, dict) and callable(
+        getattr(value, 'to_dict', None)
+    ):
+        value = value.to_dict()  # an IncidentReport
+    if isinstance(value, str):
+        if key == 'anomaly':
+            return [
+                clean_text(line).replace('```', "'''")
+                for line in value.splitlines()
+            ]
+        return clean_text(value)
+    if isinstance(value, dict):
+        return {clean_report(k): clean_report(v, k) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [clean_report(v) for v in value]
+    return value
 
 
 def _or(value: Any, missing: str) -> str:
@@ -33,6 +80,7 @@ def verdict_lines(report: Dict[str, Any]) -> List[str]:
     Returns:
         list[str]: Four lines of plain text.
     """
+    report = clean_report(report)
     diag = report['diagnosis']
     cause = report['cause']
     terms = ', '.join(
@@ -113,15 +161,20 @@ def _replay_lines(title: str, replay: Dict[str, Any]) -> List[str]:
         lines.append(
             f"  - loss terms with a non-finite gradient: " f"{', '.join(bad)}"
         )
-    if replay.get('anomaly'):
+    anomaly = replay.get('anomaly')
+    if anomaly:
+        if isinstance(anomaly, str):
+            anomaly = clean_report(anomaly, 'anomaly')
         lines.append(
-            '  - detect_anomaly:\n\n```\n' + replay['anomaly'] + '\n```'
+            '  - detect_anomaly:\n\n```\n' + '\n'.join(anomaly) + '\n```'
         )
     return lines
 
 
 def render_markdown(report: Dict[str, Any]) -> str:
-    """The Markdown text of ``report.md``."""
+    """The Markdown text of ``report.md`` (report values cleaned, see
+    :func:`clean_report`)."""
+    report = clean_report(report)
     diag = report['diagnosis']
     ev = report['evidence']
     out = [
@@ -211,10 +264,7 @@ def render_markdown(report: Dict[str, Any]) -> str:
 
 
 def _write(text: str, folder: str) -> str:
-    path = osp.join(folder, REPORT_MD)
-    with open(path, 'w') as f:
-        f.write(text)
-    return path
+    return write_incident_file(folder, REPORT_MD, text)
 
 
 def write_markdown(report: Dict[str, Any], folder: str) -> str:
@@ -224,6 +274,7 @@ def write_markdown(report: Dict[str, Any], folder: str) -> str:
 
 def render_repeat(report: Dict[str, Any]) -> str:
     """The Markdown of an incident that repeats an earlier diagnosis."""
+    report = clean_report(report)
     earlier = report['repeat_of']
     return '\n'.join(
         [

@@ -2,9 +2,10 @@
 """``timeline.png``: the buffered iterations before an incident."""
 
 import math
-import os.path as osp
 import textwrap
 from typing import Any, Dict, List, Optional
+
+from ..incident.folder import write_incident_file
 
 TIMELINE_PNG = 'timeline.png'
 
@@ -125,6 +126,6 @@ def write_timeline(report: Dict[str, Any], folder: str) -> str:
     title = '\n'.join(textwrap.fill(t, 100) for t in title.split('\n'))
     fig.suptitle(title + '\n(x = non-finite value)', fontsize=10)
     fig.tight_layout()
-    path = osp.join(folder, TIMELINE_PNG)
-    fig.savefig(path, dpi=90)
-    return path
+    return write_incident_file(
+        folder, TIMELINE_PNG, lambda f: fig.savefig(f, format='png', dpi=90)
+    )

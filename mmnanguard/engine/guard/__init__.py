@@ -8,13 +8,15 @@ from .exceptions import (
     TrainingSpikeError,
 )
 from .history import IterationHistory
-from .incident import IncidentRecorder, load_report
+from .incident_event import IncidentEvent
 from .lr_backoff import LrBackoff
+from .responder import GuardResponder
 from .settings import GuardSettings
 from .snapshot import TrainingSnapshot
 from .spike_detector import Spike, SpikeDetector
 from .spike_settings import SpikeSettings
-from .step_guard import IterationRecord, StepGuard
+from .step_guard import StepGuard
+from .verdict import IterationOutcome, StepVerdict
 
 __all__ = [
     'AmpScaleCollapseError',
@@ -22,11 +24,12 @@ __all__ = [
     'PoisonedCheckpointError',
     'TrainingSpikeError',
     'IterationHistory',
-    'IncidentRecorder',
-    'load_report',
+    'IncidentEvent',
+    'GuardResponder',
     'GuardSettings',
     'TrainingSnapshot',
-    'IterationRecord',
+    'IterationOutcome',
+    'StepVerdict',
     'StepGuard',
     'LrBackoff',
     'Spike',

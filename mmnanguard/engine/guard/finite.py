@@ -1,16 +1,19 @@
 # Copyright (c) mmnanguard contributors. All rights reserved.
-"""Cheap finiteness checks over parameters, gradients and nested states."""
+"""Finiteness checks over gradients and nested states."""
 
-import math
-from typing import Any, Dict, Iterable, List
+from typing import Any, Iterable, List, Tuple
 
 import torch
 from torch import Tensor
+
+from ..incident import json_number
 
 try:  # torch >= 2.6: foreach norms grouped by device and dtype
     from torch.nn.utils import get_total_norm as _get_total_norm
 except ImportError:  # pragma: no cover - older torch
     _get_total_norm = None
+
+__all__ = ['json_number', 'nonfinite_paths', 'total_norm']
 
 
 def total_norm(tensors: Iterable[Tensor]) -> Tensor:
@@ -38,18 +41,26 @@ def total_norm(tensors: Iterable[Tensor]) -> Tensor:
     )
 
 
-def optimizer_params(optimizer: torch.optim.Optimizer) -> List[Tensor]:
-    """The parameters an optimizer updates, in param-group order."""
-    return [p for group in optimizer.param_groups for p in group['params']]
-
-
-def grads_of(optimizer: torch.optim.Optimizer) -> List[Tensor]:
-    """The existing gradients of an optimizer's parameters."""
-    return [p.grad for p in optimizer_params(optimizer) if p.grad is not None]
+def _floating_leaves(tree: Any, prefix: str) -> List[Tuple[str, Tensor]]:
+    if isinstance(tree, Tensor):
+        return [(prefix, tree)] if tree.is_floating_point() else []
+    if isinstance(tree, dict):
+        items: Iterable = tree.items()
+    elif isinstance(tree, (list, tuple)):
+        items = enumerate(tree)
+    else:
+        return []
+    found: List[Tuple[str, Tensor]] = []
+    for key, value in items:
+        found += _floating_leaves(
+            value, f'{prefix}.{key}' if prefix else str(key)
+        )
+    return found
 
 
 def nonfinite_paths(tree: Any, prefix: str = '') -> List[str]:
-    """Paths of the floating tensors in ``tree`` that hold non-finite values.
+    """Paths of the floating tensors in ``tree`` that hold non-finite values,
+    with one host read per device for the whole tree.
 
     Args:
         tree: A tensor, or dicts / lists / tuples of them (a checkpoint, a
@@ -59,58 +70,14 @@ def nonfinite_paths(tree: Any, prefix: str = '') -> List[str]:
     Returns:
         list[str]: Dotted paths such as ``'state_dict.neck.conv.weight'``.
     """
-    if isinstance(tree, Tensor):
-        bad = tree.is_floating_point() and not bool(torch.isfinite(tree).all())
-        return [prefix] if bad else []
-    if isinstance(tree, dict):
-        items: Iterable = tree.items()
-    elif isinstance(tree, (list, tuple)):
-        items = enumerate(tree)
-    else:
-        return []
-    found: List[str] = []
-    for key, value in items:
-        found += nonfinite_paths(
-            value, f'{prefix}.{key}' if prefix else str(key)
-        )
-    return found
-
-
-def top_grad_norms(
-    named_params: Dict[int, str], optimizer: torch.optim.Optimizer, k: int
-) -> List[Dict[str, Any]]:
-    """The ``k`` parameters with non-finite or largest gradient norms.
-
-    Args:
-        named_params (dict): ``id(param) -> name``.
-        optimizer (Optimizer): Whose parameters to rank.
-        k (int): How many to return.
-
-    Returns:
-        list[dict]: ``name`` and ``grad_norm`` (a float, or the string
-        ``'nan'``/``'inf'``), non-finite first, then by decreasing norm.
-    """
-    params = [p for p in optimizer_params(optimizer) if p.grad is not None]
-    if not params:
-        return []
-    norms = [float(n) for n in torch._foreach_norm([p.grad for p in params])]
-    order = sorted(
-        range(len(params)),
-        key=lambda i: (
-            math.isfinite(norms[i]),
-            -norms[i] if math.isfinite(norms[i]) else 0.0,
-        ),
-    )
-    return [
-        dict(
-            name=named_params.get(id(params[i]), f'param[{i}]'),
-            grad_norm=json_number(norms[i]),
-        )
-        for i in order[:k]
-    ]
-
-
-def json_number(value: float) -> Any:
-    """A float for JSON: non-finite values become ``'nan'``/``'inf'``."""
-    value = float(value)
-    return value if math.isfinite(value) else str(value)
+    leaves = _floating_leaves(tree, prefix)
+    by_device = {}
+    for i, (_, tensor) in enumerate(leaves):
+        by_device.setdefault(tensor.device, []).append(i)
+    bad = set()
+    for indices in by_device.values():
+        flags = torch.stack(
+            [torch.isfinite(leaves[i][1]).all() for i in indices]
+        ).tolist()
+        bad.update(i for i, ok in zip(indices, flags) if not ok)
+    return [path for i, (path, _) in enumerate(leaves) if i in bad]

@@ -4,8 +4,8 @@
 The check is one reduction over the batch as the model receives it (after
 the data preprocessor and its forward hooks): the image tensor(s) and the
 ground-truth boxes. It yields a 0-dim boolean tensor and never syncs with
-the host; :meth:`StepGuard.loss_is_finite` reads it together with the loss
-flag, in the one host transfer that check costs anyway.
+the host; :meth:`StepGuard.read` reads it with every other check of the
+iteration, in the one host read of the step.
 """
 
 from typing import Any, List, Optional
@@ -78,7 +78,7 @@ def capture_input_finiteness(model, step_guard: StepGuard) -> None:
 
     Args:
         model (nn.Module): ``runner.model`` (a model wrapper or the model).
-        step_guard (StepGuard): Whose ``record.inputs_flag`` to set.
+        step_guard (StepGuard): Told the flag (``note_inputs``).
     """
     model._nanguard_input_guard = step_guard
     if getattr(model._run_forward, '_nanguard_inputs', False):
@@ -87,8 +87,9 @@ def capture_input_finiteness(model, step_guard: StepGuard) -> None:
 
     def check_and_run(data, mode):
         if mode == 'loss' and model.training:
-            record = model._nanguard_input_guard.record
-            record.inputs_flag = finite_flag(batch_tensors(data))
+            model._nanguard_input_guard.note_inputs(
+                finite_flag(batch_tensors(data))
+            )
         return run_forward(data, mode)
 
     check_and_run._nanguard_inputs = True

@@ -15,7 +15,7 @@ def capture_loss_terms(model, step_guard: StepGuard) -> None:
 
     Args:
         model (BaseModel): The unwrapped model.
-        step_guard (StepGuard): Whose ``record.loss_terms`` to fill.
+        step_guard (StepGuard): Told the terms (``note_loss_terms``).
     """
     model._nanguard_step_guard = step_guard
     if getattr(model.parse_losses, '_nanguard_capture', False):
@@ -24,7 +24,7 @@ def capture_loss_terms(model, step_guard: StepGuard) -> None:
 
     def parse_and_capture(losses):
         loss, log_vars = parse_losses(losses)
-        model._nanguard_step_guard.record.loss_terms = log_vars
+        model._nanguard_step_guard.note_loss_terms(log_vars)
         return loss, log_vars
 
     parse_and_capture._nanguard_capture = True

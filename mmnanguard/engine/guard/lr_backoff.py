@@ -35,9 +35,7 @@ slightly off the schedule (measured in ``test_lr_backoff.py``: at most
 
 from typing import Any, Dict, List, Optional, Tuple
 
-from mmnanguard.engine.optimizers.guarded_optim_wrapper import (
-    optim_wrapper_members,
-)
+from .optim_members import optim_wrapper_members
 
 #: Schedulers that do not carry a backoff forward (see module docstring).
 NON_CHAINING_SCHEDULERS = (

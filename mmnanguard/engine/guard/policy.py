@@ -2,20 +2,15 @@
 """What the guard does about one incident: ``raise``, ``skip`` or
 ``rollback``, and why."""
 
-from typing import Tuple
+from typing import Tuple, Union
 
+from ..incident import IncidentKind
 from .settings import GuardSettings
-
-#: Kinds whose update a veto already dropped (``vetoed_update``: a veto
-#: installed by another extension, handled as a skip).
-VETO_KINDS = ('loss_spike', 'grad_spike', 'vetoed_update')
-#: Kinds where the weights are already non-finite: a skip cannot help.
-PARAM_KINDS = ('nonfinite_params', 'nonfinite_checkpoint')
 
 
 def decide_action(
     settings: GuardSettings,
-    kind: str,
+    kind: Union[IncidentKind, str],
     consecutive_skips: int,
     rollbacks_used: int,
     has_known_good_state: bool,
@@ -31,7 +26,7 @@ def decide_action(
 
     Args:
         settings (GuardSettings): The guard's settings.
-        kind (str): The incident kind.
+        kind (IncidentKind | str): The incident kind.
         consecutive_skips (int): Skips since the last healthy step.
         rollbacks_used (int): Rollbacks done in this run.
         has_known_good_state (bool): Whether a snapshot or a good checkpoint
@@ -39,15 +34,25 @@ def decide_action(
 
     Returns:
         tuple[str, str]: The action and the reason, for logs and reports.
+
+    Raises:
+        ValueError: For an unknown kind.
     """
-    policy = settings.policy
-    if kind in VETO_KINDS:
+    known = IncidentKind.parse(kind)
+    if known is None:
+        raise ValueError(
+            f'nanguard: incident kind {kind!r} is unknown; expected one of '
+            f'{[k.value for k in IncidentKind]}'
+        )
+    policy, label = settings.policy, 'policy'
+    if known.is_veto:
+        label = 'spike.action'
         policy = settings.spike.action if settings.spike else 'skip'
     if policy == 'raise':
-        return 'raise', 'policy=raise'
+        return 'raise', f'{label}=raise'
     if policy == 'rollback':
-        action, reason = 'rollback', 'policy=rollback'
-    elif kind in PARAM_KINDS:
+        action, reason = 'rollback', f'{label}=rollback'
+    elif known.weights_damaged:
         action = settings.escalate_to
         reason = (
             'the parameters are already non-finite, a skip cannot undo the '
@@ -61,7 +66,7 @@ def decide_action(
             f'escalate_to={settings.escalate_to}'
         )
     else:
-        return 'skip', 'policy=skip'
+        return 'skip', f'{label}=skip'
     if action == 'rollback':
         if rollbacks_used >= settings.max_rollbacks:
             return 'raise', (

@@ -1,37 +1,26 @@
 # Copyright (c) mmnanguard contributors. All rights reserved.
-"""Build the JSON report of an incident."""
+"""Build the :class:`IncidentReport` of an incident from what the guard
+read."""
 
 import math
 from typing import Any, Dict, List, Optional
 
-import torch
+from mmengine.dist import get_rank, get_world_size
 
-from .finite import json_number
-
-
-def loss_terms_of(outputs: Optional[Dict[str, Any]]) -> Dict[str, float]:
-    """The logged loss terms of ``train_step`` as floats.
-
-    ``outputs`` is the ``log_vars`` dict that ``BaseModel.parse_losses``
-    returns: the total ``loss`` and every term (``loss_cls``, ``loss_bbox``,
-    ...), as tensors or numbers.
-    """
-    terms = {}
-    for name, value in (outputs or {}).items():
-        if isinstance(value, torch.Tensor) and value.numel() == 1:
-            terms[name] = float(value.detach())
-        elif isinstance(value, (int, float)):
-            terms[name] = float(value)
-    return terms
+from ..incident import IncidentKind, IncidentReport, json_number
+from .optim_members import optim_wrapper_members
+from .stage import live_stage
+from .verdict import StepVerdict
 
 
-def nonfinite_terms(terms: Dict[str, float]) -> Dict[str, Any]:
+def nonfinite_terms(terms: Dict[str, float]) -> Dict[str, str]:
     """The terms whose value is NaN or infinite."""
     return {k: str(v) for k, v in terms.items() if not math.isfinite(v)}
 
 
 def samples_of(data_batch: Any) -> List[Dict[str, Any]]:
-    """``img_path`` and ``img_id`` of every sample in an mmengine batch."""
+    """``img_path``, ``img_id`` and ``seg_map_path`` of every sample in an
+    mmengine batch."""
     samples = []
     data_samples = (
         data_batch.get('data_samples')
@@ -51,83 +40,87 @@ def samples_of(data_batch: Any) -> List[Dict[str, Any]]:
 
 
 def learning_rates(optim_wrapper) -> Dict[str, List[float]]:
-    """``optim_wrapper.get_lr()``: a list of lrs per optimizer key."""
+    """The live lr of every param group, per optimizer key (``get_lr()``
+    reads ``param_groups``; no device value)."""
     return {
         k: [float(x) for x in v] for k, v in optim_wrapper.get_lr().items()
     }
 
 
+def live_lr(optim_wrapper) -> Optional[float]:
+    """The largest live lr over every param group of every optimizer (the
+    one an explosion follows), or None without param groups."""
+    lrs = [
+        float(group['lr'])
+        for wrapper in optim_wrapper_members(optim_wrapper)
+        for group in wrapper.optimizer.param_groups
+        if 'lr' in group
+    ]
+    return max(lrs) if lrs else None
+
+
 def build_report(
     *,
     runner,
-    kind: str,
+    kind: IncidentKind,
     action: str,
     reason: str,
-    terms: Dict[str, float],
-    record,
+    iteration: int,
+    verdict: Optional[StepVerdict],
     data_batch: Any,
-    local_fault: bool,
     history: List[Dict[str, Any]],
-    stage: Optional[Dict[str, Any]] = None,
-    extra: Optional[Dict[str, Any]] = None,
-) -> Dict[str, Any]:
-    """The incident's ``report.json`` content.
+    top_grad_params: Optional[List[Dict[str, Any]]] = None,
+    **extra: Any,
+) -> IncidentReport:
+    """The incident's report.
 
     Args:
         runner (Runner): The runner.
-        kind (str): ``'nonfinite_loss'``, ``'nonfinite_grad'``,
-            ``'nonfinite_params'`` or ``'nonfinite_checkpoint'``.
+        kind (IncidentKind): What went wrong.
         action (str): ``'raise'``, ``'skip'`` or ``'rollback'``.
         reason (str): Why that action (policy, escalation, ...).
-        terms (dict): Loss terms of the iteration.
-        record (IterationRecord): What the step guard saw.
-        data_batch: The batch as the model received it.
-        local_fault (bool): Whether this rank saw the value itself.
+        iteration (int): The iteration whose update was bad.
+        verdict (StepVerdict, optional): What the step's read said.
+        data_batch: The batch of ``iteration`` as the dataloader gave it.
         history (list): The ring buffer of recent iterations.
-        stage (dict, optional): :func:`~.stage.live_stage`'s ``stage``
-            (where the first non-finite value was seen) and ``live`` (the
-            evidence), written as the report keys of the same names.
-        extra (dict, optional): More keys (e.g. non-finite tensor paths).
+        top_grad_params (list, optional): Parameters by gradient norm.
+        **extra: More fields of :class:`IncidentReport` (``spikes``,
+            ``nonfinite_tensors``, ``detected_at``).
     """
-    from mmengine.dist import get_rank, get_world_size
-
-    report = dict(
-        iteration=runner.iter,
+    v = verdict
+    terms = dict(v.loss_terms) if v is not None else {}
+    kind = IncidentKind(kind)
+    local = True
+    if v is not None:
+        local = (
+            not v.local_loss_finite
+            or not v.local_grad_finite
+            or v.local_params_finite is False
+            or bool(v.spikes)
+            or kind is IncidentKind.NONFINITE_CHECKPOINT
+        )
+    stage = live_stage(kind, v)
+    return IncidentReport(
+        iteration=iteration,
         epoch=runner.epoch,
-        rank=get_rank(),
-        world_size=get_world_size(),
-        local_fault=local_fault,
         kind=kind,
-        stage=(stage or {}).get('stage'),
-        live=(stage or {}).get('live'),
         action=action,
         reason=reason,
-        loss_terms={k: json_number(v) for k, v in terms.items()},
+        rank=get_rank(),
+        world_size=get_world_size(),
+        local_fault=local,
+        stage=stage['stage'],
+        live=stage['live'],
+        loss_terms={k: json_number(x) for k, x in terms.items()},
         nonfinite_terms=nonfinite_terms(terms),
         grad_norm=None
-        if record.grad_norm is None
-        else json_number(record.grad_norm),
+        if v is None or v.grad_norm is None or kind.weights_damaged
+        else json_number(v.grad_norm),
         lr=learning_rates(runner.optim_wrapper),
-        loss_scale=record.loss_scale,
+        loss_scale=None if v is None or v.amp is None else v.amp.scale_after,
         samples=samples_of(data_batch),
-        top_grad_params=record.top_grad_params,
+        top_grad_params=top_grad_params or [],
         history=history,
         work_dir=runner.work_dir,
-    )
-    report.update(extra or {})
-    return report
-
-
-def describe(report: Dict[str, Any]) -> str:
-    """One paragraph for logs and exceptions."""
-    terms = report['nonfinite_terms']
-    terms_txt = ', '.join(f'{k}={v}' for k, v in terms.items()) or 'none'
-    path = report.get('report_path') or '(not written: max_incidents)'
-    return (
-        f"{report['kind']} at iteration {report['iteration']} "
-        f"(epoch {report['epoch']}, rank {report['rank']}, stage "
-        f"{report.get('stage')}): non-finite "
-        f'loss terms: {terms_txt}; grad_norm={report["grad_norm"]}; '
-        f"action: {report['action']} ({report['reason']}); "
-        f'incident report: {path}'
+        **extra,
     )

@@ -10,14 +10,21 @@ from mmengine.runner.checkpoint import CheckpointLoader, weights_to_cpu
 from mmengine.utils import apply_to
 
 
+def _copy(x: torch.Tensor, device: Optional[str]) -> torch.Tensor:
+    if not device:
+        return x.detach().clone()
+    # a CUDA -> CPU copy is queued without a host sync (into pinned
+    # memory); the guard's next read, queued after it, completes it before
+    # the snapshot is confirmed and can be restored
+    return x.detach().to(device, copy=True, non_blocking=x.is_cuda)
+
+
 def _clone_tree(tree: Any, device: Optional[str] = 'cpu') -> Any:
     """Copy every tensor in ``tree`` (to ``device``); rebuild containers."""
     return apply_to(
         tree,
         lambda x: isinstance(x, torch.Tensor),
-        lambda x: x.detach().to(device, copy=True)
-        if device
-        else x.detach().clone(),
+        lambda x: _copy(x, device),
     )
 
 

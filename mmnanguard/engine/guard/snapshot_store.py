@@ -8,25 +8,50 @@ from .snapshot import TrainingSnapshot
 
 
 class SnapshotStore:
-    """Keeps the newest ``maxlen`` in-memory snapshots.
+    """Keeps the newest ``maxlen`` known-good in-memory snapshots.
 
-    A rollback restores the newest one. When the incident comes back before
-    a newer snapshot was taken, restoring it did not help (a state taken
-    after a spike can be finite but already ruined), so the next rollback
-    drops it and goes one snapshot further back.
+    A snapshot is taken after a step and is *pending* until the guard's
+    next read says the parameters after that step were finite
+    (:meth:`confirm`); a rollback never restores a pending one.
+
+    A rollback restores the newest confirmed snapshot. When the incident
+    comes back before a newer snapshot was confirmed, restoring it did not
+    help (a state taken after a spike can be finite but already ruined),
+    so the next rollback drops it and goes one snapshot further back.
 
     Args:
-        maxlen (int): Snapshots kept (``keep_snapshots``).
+        maxlen (int): Confirmed snapshots kept (``keep_snapshots``).
     """
 
     def __init__(self, maxlen: int) -> None:
         self._snapshots: deque = deque(maxlen=maxlen)
         self._newest_tried = False
+        #: The snapshot waiting for its parameter check.
+        self.pending: Optional[TrainingSnapshot] = None
 
-    def add(self, snapshot: TrainingSnapshot) -> None:
-        """Keep ``snapshot`` as the newest known-good state."""
+    def add(self, snapshot: TrainingSnapshot, pending: bool = False) -> None:
+        """Keep ``snapshot``; with ``pending``, until :meth:`confirm`."""
+        if pending:
+            self.pending = snapshot
+            return
         self._snapshots.append(snapshot)
         self._newest_tried = False
+
+    def confirm(self, finite: Optional[bool]) -> Optional[TrainingSnapshot]:
+        """The parameter check of the pending snapshot's state was read:
+        keep it when ``finite``, else drop it. None: not checked yet.
+
+        Returns:
+            TrainingSnapshot | None: The snapshot that was dropped.
+        """
+        snapshot = self.pending
+        if snapshot is None or finite is None:
+            return None
+        self.pending = None
+        if finite:
+            self.add(snapshot)
+            return None
+        return snapshot
 
     def for_rollback(self) -> TrainingSnapshot:
         """The snapshot the next rollback restores."""
@@ -37,7 +62,7 @@ class SnapshotStore:
 
     @property
     def newest(self) -> Optional[TrainingSnapshot]:
-        """The newest snapshot, or None."""
+        """The newest confirmed snapshot, or None."""
         return self._snapshots[-1] if self._snapshots else None
 
     def __iter__(self) -> Iterator[TrainingSnapshot]:

@@ -29,12 +29,11 @@ raise the bar for the next one); a lasting level shift is therefore handled
 by the guard's escalation (``max_consecutive_skips``), not silently learnt.
 """
 
-import math
-from collections import deque
 from dataclasses import asdict, dataclass
-from typing import Any, Deque, Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
 import torch
+from torch import Tensor
 
 from .spike_settings import SpikeSettings
 
@@ -44,10 +43,10 @@ class Spike:
     """One quantity that spiked.
 
     Args:
-        stage (str): ``'loss'`` (before backward) or ``'grad'``.
+        stage (str): ``'loss'`` (a loss term or the total) or ``'grad'``.
         name (str): ``'loss'``, a term such as ``'loss_cls'``, or
             ``'grad_norm'``; ``#i`` is appended for the ``i``-th (>0)
-            ``update_params`` of an iteration (``OptimWrapperDict``).
+            optimizer step of an iteration (``OptimWrapperDict``).
         value (float): The value seen.
         reference (float): The running max it was compared with.
         factor (float): The threshold multiple.
@@ -67,14 +66,52 @@ class Spike:
         )
 
 
-class SpikeDetector:
-    """Running maxima of the total loss, each loss term and the grad norm.
+@dataclass
+class SpikeCheck:
+    """One step's spike check, still on the device.
 
-    Install :meth:`loss_veto` in ``StepGuard.loss_vetoes`` and
-    :meth:`grad_veto` in ``StepGuard.grad_vetoes``; call
-    :meth:`begin_iteration` at the start of each iteration and read
-    :attr:`detections` after it. Under ``action='log'`` the vetoes only
-    record and never drop an update.
+    Args:
+        names (list[str]): The quantities, in order.
+        flags (Tensor): 1 where the quantity spiked.
+        values (Tensor): The values checked.
+        references (Tensor): The running max each was compared with.
+    """
+
+    names: List[str]
+    flags: Tensor
+    values: Tensor
+    references: Tensor
+
+    def spikes(
+        self,
+        flags: List[float],
+        values: List[float],
+        refs: List[float],
+        factor: float,
+    ) -> List[Spike]:
+        """The spikes, from the host copies of the three vectors."""
+        return [
+            Spike(
+                'grad' if name.startswith('grad_norm') else 'loss',
+                name,
+                value,
+                ref,
+                factor,
+            )
+            for name, flag, value, ref in zip(self.names, flags, values, refs)
+            if flag
+        ]
+
+
+class SpikeDetector:
+    """Running maxima of the total loss, each loss term and the grad norm,
+    kept on the device.
+
+    :meth:`check` compares one step's values with the maxima of the last
+    ``window`` admitted values of each quantity and admits the finite
+    values that are not spikes (the grad norm only when no loss quantity
+    spiked in the same step), all as tensor operations: nothing is read on
+    the host. The step guard reads the result in its one read per step.
 
     Args:
         settings (SpikeSettings): Threshold, window, action.
@@ -82,101 +119,148 @@ class SpikeDetector:
 
     def __init__(self, settings: SpikeSettings) -> None:
         self.settings = settings
-        self.windows: Dict[str, Deque[float]] = {}
-        #: Spikes seen in the current iteration (all stages).
-        self.detections: List[Spike] = []
-        self._loss_calls = 0
-        self._grad_calls = 0
+        #: The quantities, one row each of the window.
+        self.names: List[str] = []
+        self._window: Optional[Tensor] = None  # [quantities, window]
+        self._count: Optional[Tensor] = None  # admitted values per row
+        self._grad_rows: Optional[Tensor] = None
+        self._loaded: Dict[str, List[float]] = {}
 
-    def begin_iteration(self) -> None:
-        """Forget the previous iteration's detections."""
-        self.detections = []
-        self._loss_calls = 0
-        self._grad_calls = 0
+    @property
+    def acts(self) -> bool:
+        """Whether a spike drops the update (``action`` is not ``log``)."""
+        return self.settings.action != 'log'
 
-    def check(self, stage: str, name: str, value: float) -> Optional[Spike]:
-        """Compare ``value`` with the running max of ``name``.
+    def loss_values(
+        self, total: Optional[Tensor], terms: Dict[str, Any], suffix: str
+    ) -> Dict[str, Tensor]:
+        """The loss quantities this detector checks, as 0-dim tensors.
 
-        A non-spike finite value is admitted to the window; a spike and a
-        non-finite value (the guard's own business) are not.
+        Args:
+            total (Tensor, optional): The total loss.
+            terms (dict): ``log_vars`` of ``parse_losses``.
+            suffix (str): ``''`` or ``'#i'`` for the i-th step.
+        """
+        keys = self.settings.keys
+        values: Dict[str, Tensor] = {}
+        if total is not None and (keys is None or 'loss' in keys):
+            values['loss' + suffix] = total
+        for name, value in terms.items():
+            if name == 'loss' or not isinstance(value, Tensor):
+                continue
+            if value.numel() != 1:
+                continue
+            if (keys is None and 'loss' in name) or (
+                keys is not None and name in keys
+            ):
+                values[name + suffix] = value
+        return values
+
+    def check(
+        self,
+        values: Dict[str, Tensor],
+        grad_norm: Optional[Tensor] = None,
+        suffix: str = '',
+    ) -> Optional[SpikeCheck]:
+        """Compare one step's values with the running maxima, on the device.
+
+        Args:
+            values (dict): Loss quantities (:meth:`loss_values`).
+            grad_norm (Tensor, optional): The global gradient norm, when it
+                is checked.
+            suffix (str): Appended to ``'grad_norm'`` (see :class:`Spike`).
 
         Returns:
-            Spike | None: The spike, or None.
+            SpikeCheck | None: None when there is nothing to check.
         """
-        if not math.isfinite(value):
+        if grad_norm is not None and self.settings.grad_norm:
+            values = dict(values)
+            values['grad_norm' + suffix] = grad_norm
+        if not values:
             return None
-        s = self.settings
-        window = self.windows.setdefault(name, deque(maxlen=s.window))
-        if len(window) >= s.warmup:
-            reference = max(max(window), s.min_value)
-            if reference > 0 and value > s.factor * reference:
-                return Spike(stage, name, value, reference, s.factor)
-        window.append(value)
-        return None
-
-    def loss_veto(self, record, value: float) -> Optional[str]:
-        """A ``StepGuard`` loss veto: the total loss and each term."""
-        suffix = f'#{self._loss_calls}' if self._loss_calls else ''
-        self._loss_calls += 1
-        keys = self.settings.keys
-        values = dict(loss=value) if keys is None or 'loss' in keys else {}
-        values.update(_term_values(record.loss_terms, keys))
-        checked = (
-            self.check('loss', name + suffix, v) for name, v in values.items()
+        device = next(iter(values.values())).device
+        self._add_rows(list(values), device)
+        missing = torch.full((), float('nan'), device=device)
+        vals = torch.stack(
+            [
+                values[n].detach().reshape(()).float()
+                if n in values
+                else missing
+                for n in self.names
+            ]
         )
-        return self._verdict([spike for spike in checked if spike])
+        s = self.settings
+        ref = self._window.amax(dim=1).clamp_min(s.min_value)
+        finite = torch.isfinite(vals)
+        spike = (
+            (self._count >= s.warmup)
+            & (ref > 0)
+            & (vals > s.factor * ref)
+            & finite
+        )
+        admit = finite & ~spike
+        grad_rows = self._grad_rows
+        loss_spiked = (spike & ~grad_rows).any()
+        admit = admit & ~(grad_rows & loss_spiked)
+        shifted = torch.cat([self._window[:, 1:], vals[:, None]], dim=1)
+        self._window = torch.where(admit[:, None], shifted, self._window)
+        self._count = self._count + admit.long()
+        return SpikeCheck(
+            names=list(self.names),
+            flags=spike,
+            values=vals,
+            references=ref,
+        )
 
-    def grad_veto(self, record, value: float) -> Optional[str]:
-        """A ``StepGuard`` grad veto: the global gradient norm."""
-        suffix = f'#{self._grad_calls}' if self._grad_calls else ''
-        self._grad_calls += 1
-        spike = self.check('grad', 'grad_norm' + suffix, value)
-        return self._verdict([spike] if spike else [])
-
-    def _verdict(self, spikes: List[Spike]) -> Optional[str]:
-        self.detections.extend(spikes)
-        if not spikes or self.settings.action == 'log':
-            return None
-        return 'spike: ' + ', '.join(s.describe() for s in spikes)
-
-    def describe(self) -> str:
-        """The detections of this iteration, for log lines."""
-        return ', '.join(s.describe() for s in self.detections)
-
-    def detections_as_dicts(self) -> List[Dict[str, Any]]:
-        """The detections of this iteration as JSON-ready dicts."""
-        return [asdict(s) for s in self.detections]
+    def _add_rows(self, names: List[str], device: torch.device) -> None:
+        new = [n for n in names if n not in self.names]
+        if self._window is not None and not new:
+            return
+        width = self.settings.window
+        rows = []
+        counts = []
+        for name in new:
+            kept = self._loaded.pop(name, [])[-width:]
+            row = [float('-inf')] * (width - len(kept)) + kept
+            rows.append(row)
+            counts.append(len(kept))
+        added = torch.tensor(rows, device=device, dtype=torch.float32)
+        added = added.reshape(len(new), width)
+        added_count = torch.tensor(counts, device=device, dtype=torch.long)
+        if self._window is None:
+            self._window, self._count = added, added_count
+        else:
+            self._window = torch.cat([self._window, added])
+            self._count = torch.cat([self._count, added_count])
+        self.names += new
+        self._grad_rows = torch.tensor(
+            [n.startswith('grad_norm') for n in self.names], device=device
+        )
 
     def state_dict(self) -> Dict[str, Any]:
-        """The windows, so that a resumed run keeps its statistics."""
-        return dict(windows={k: list(v) for k, v in self.windows.items()})
+        """The admitted values per quantity, so that a resumed run keeps
+        its statistics (read on the host: only when a checkpoint is
+        written)."""
+        windows = dict(self._loaded)
+        if self._window is not None:
+            for name, row in zip(self.names, self._window.tolist()):
+                windows[name] = [x for x in row if x != float('-inf')]
+        return dict(windows=windows)
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
-        """Restore :meth:`state_dict`."""
-        self.windows = {
-            k: deque((float(x) for x in v), maxlen=self.settings.window)
+        """Restore :meth:`state_dict` (put on the device at the next
+        check)."""
+        self.names, self._window, self._count = [], None, None
+        self._loaded = {
+            k: [float(x) for x in v]
             for k, v in state.get('windows', {}).items()
         }
 
+    def windows(self) -> Dict[str, List[float]]:
+        """The admitted values per quantity, oldest first (a host read)."""
+        return self.state_dict()['windows']
 
-def _term_values(
-    loss_terms: Dict[str, Any], keys: Optional[List[str]]
-) -> Dict[str, float]:
-    """The scalar loss terms (names containing ``'loss'``, the total
-    excluded) as floats, with one host sync for all tensors."""
-    names, tensors, values = [], [], {}
-    for name, value in (loss_terms or {}).items():
-        if (
-            name == 'loss'
-            or (keys is None and 'loss' not in name)
-            or (keys is not None and name not in keys)
-        ):
-            continue
-        if isinstance(value, torch.Tensor) and value.numel() == 1:
-            names.append(name)
-            tensors.append(value.detach().reshape(()).float())
-        elif isinstance(value, (int, float)) and not isinstance(value, bool):
-            values[name] = float(value)
-    if tensors:
-        values.update(zip(names, torch.stack(tensors).tolist()))
-    return values
+
+def spikes_as_dicts(spikes: List[Spike]) -> List[Dict[str, Any]]:
+    """The spikes as JSON-ready dicts."""
+    return [asdict(s) for s in spikes]

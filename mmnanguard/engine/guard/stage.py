@@ -4,7 +4,7 @@
 The guard's own evidence decides, in the order the iteration runs:
 
 * ``data``: the inputs or targets after the data preprocessor held a
-  non-finite value (``IterationRecord.inputs_finite``);
+  non-finite value (``StepVerdict.inputs_finite``);
 * ``loss``: the inputs were finite, a loss term was not;
 * ``backward``: the loss was finite, the gradient norm was not;
 * ``optimizer``: the gradients were finite, the parameters after the step
@@ -19,21 +19,21 @@ Spike incidents (finite values) take the stage of the check that vetoed.
 
 from typing import Any, Dict, Optional
 
-from .finite import json_number
-from .step_guard import IterationRecord
+from ..incident import IncidentKind, json_number
+from .verdict import StepVerdict
 
 STAGES = ('data', 'forward', 'loss', 'backward', 'optimizer', 'checkpoint')
 
-#: ``IterationRecord.veto_stage`` -> stage.
-VETO_STAGES = dict(loss='loss', grad='backward')
 
-
-def live_stage(kind: str, record: IterationRecord) -> Dict[str, Any]:
+def live_stage(
+    kind: IncidentKind, verdict: Optional[StepVerdict]
+) -> Dict[str, Any]:
     """The stage of an incident and the live evidence behind it.
 
     Args:
-        kind (str): The incident kind (``nonfinite_loss``, ...).
-        record (IterationRecord): What the step guard saw.
+        kind (IncidentKind): The incident kind.
+        verdict (StepVerdict, optional): The step's verdict (None for a
+            checkpoint, or a parameter check read after training).
 
     Returns:
         dict: ``stage`` (one of :data:`STAGES`) and ``live``: ``stage``
@@ -42,25 +42,30 @@ def live_stage(kind: str, record: IterationRecord) -> Dict[str, Any]:
         ``grad_norm``, ``params_finite`` (None when not checked) and
         ``text`` (one line).
     """
-    inputs: Optional[bool] = record.read_inputs_flag()
-    loss_finite = not record.loss_nonfinite
-    params_finite = False if kind == 'nonfinite_params' else None
-    if kind == 'nonfinite_checkpoint':
+    kind = IncidentKind(kind)
+    v = verdict or StepVerdict(iteration=-1)
+    # a parameter check is read with the next step, whose inputs are not
+    # those of the bad step
+    inputs = None if kind.weights_damaged else v.inputs_finite
+    params_finite = False if kind is IncidentKind.NONFINITE_PARAMS else None
+    if kind is IncidentKind.NONFINITE_CHECKPOINT:
         stage, text = 'checkpoint', 'the checkpoint state held non-finite'
+    elif kind is IncidentKind.NONFINITE_PARAMS:
+        stage = 'optimizer'
+        text = 'loss and gradients finite, parameters non-finite after step'
     elif inputs is False:
         stage = 'data'
         text = 'the inputs after the data preprocessor held non-finite values'
-    elif record.loss_nonfinite:
+    elif not v.loss_finite:
         stage, text = 'loss', 'inputs finite, a loss term non-finite'
-    elif record.grad_nonfinite:
+    elif kind is IncidentKind.NONFINITE_GRAD:
         stage = 'backward'
-        text = f'loss finite, gradient norm {record.grad_norm}'
-    elif kind == 'nonfinite_params':
-        stage = 'optimizer'
-        text = 'loss and gradients finite, parameters non-finite after step'
+        text = f'loss finite, gradient norm {v.grad_norm}'
     else:
-        stage = VETO_STAGES.get(record.veto_stage or '', 'loss')
-        text = f'finite values vetoed: {record.veto}'
+        grad_only = v.spikes and all(s.stage == 'grad' for s in v.spikes)
+        stage = 'backward' if grad_only else 'loss'
+        vetoed = '; '.join(s.describe() for s in v.spikes) or v.veto
+        text = f'finite values vetoed: {vetoed}'
     if inputs is None and stage != 'checkpoint':
         text += ' (inputs not seen)'
     return dict(
@@ -68,10 +73,10 @@ def live_stage(kind: str, record: IterationRecord) -> Dict[str, Any]:
         live=dict(
             stage=stage,
             inputs_finite=inputs,
-            loss_finite=loss_finite,
+            loss_finite=v.loss_finite if not kind.weights_damaged else True,
             grad_norm=None
-            if record.grad_norm is None
-            else json_number(record.grad_norm),
+            if v.grad_norm is None or kind.weights_damaged
+            else json_number(v.grad_norm),
             params_finite=params_finite,
             text=text,
         ),

@@ -1,151 +1,415 @@
 # Copyright (c) mmnanguard contributors. All rights reserved.
-"""The decisions taken inside the optimizer wrapper, before any step."""
+"""The guard inside the optimizer wrapper: one host read per step.
 
-import math
-from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional
+Every check of an iteration is a tensor on the device until the optimizer
+is about to step: whether the inputs after the data preprocessor were
+finite, each loss term and the total loss of every micro-batch of the
+accumulation window, the global gradient norm (and, for a report only,
+the norm of every parameter's gradient, taken before ``clip_grad`` scales
+them), whether the parameters and buffers were finite after the previous
+step, the spike detector's flags and, under AMP, the GradScaler's
+``found_inf``, scale and growth tracker. :meth:`StepGuard.read` stacks
+them into one vector and reads it on the host once (``.tolist()``);
+under ``torch.distributed`` the flags that decide are summed over the
+ranks by one ``all_reduce`` before that read, so every rank takes the same
+decision. With ``clip_grad`` the read happens inside the clip function
+and returns the norm as a Python float, so mmengine's own
+``float(grad_norm)`` for the log costs nothing: the guard adds no read.
+
+Backward always runs: a non-finite loss gives non-finite gradients, which
+the verdict catches before the step (and no rank skips a collective).
+"""
+
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import torch
+from mmengine import dist
+from torch import Tensor
 
-from .distributed import any_rank
-from .finite import top_grad_norms
+from .spike_detector import SpikeDetector
+from .verdict import IterationOutcome, StepVerdict
+
+#: A veto looks at a step's verdict and returns the reason to drop the
+#: update, or None. It runs on the host after the read, so it must decide
+#: from the verdict alone (which all ranks share) to keep ranks in step.
+Veto = Callable[[StepVerdict], Optional[str]]
 
 
 @dataclass
-class IterationRecord:
-    """What the guard saw during one training iteration.
+class _LossWindow:
+    """The losses one optimizer wrapper saw since its last step."""
 
-    ``loss_nonfinite`` and ``grad_nonfinite`` are the verdicts all ranks
-    agreed on; the ``local_`` fields say whether this rank saw it itself.
-    """
-
-    loss_nonfinite: bool = False
-    local_loss_nonfinite: bool = False
-    grad_nonfinite: bool = False
-    local_grad_nonfinite: bool = False
-    grad_norm: Optional[float] = None
-    steps: int = 0
-    skipped_steps: int = 0
-    amp_skipped_steps: int = 0
-    loss_scale: Optional[float] = None
-    amp_scale_change: Optional[tuple] = None
-    top_grad_params: List[Dict[str, Any]] = field(default_factory=list)
-    #: ``log_vars`` of ``parse_losses`` (tensors), captured before backward.
-    loss_terms: Dict[str, Any] = field(default_factory=dict)
-    #: Why a veto (e.g. a loss spike) dropped this iteration's update.
-    veto: Optional[str] = None
-    #: Which check vetoed: ``'loss'`` or ``'grad'``.
-    veto_stage: Optional[str] = None
-    #: Finiteness of the inputs and targets after the data preprocessor, a
-    #: 0-dim tensor not yet read (see ``guard/input_check.py``).
-    inputs_flag: Optional[torch.Tensor] = None
-    #: ``inputs_flag`` read on the host (with the loss check), or None.
-    inputs_finite: Optional[bool] = None
-
-    def read_inputs_flag(self) -> Optional[bool]:
-        """``inputs_finite``, reading ``inputs_flag`` when the loss check
-        did not (e.g. a parameter incident of a model without a loss
-        check)."""
-        if self.inputs_finite is None and self.inputs_flag is not None:
-            self.inputs_finite = bool(self.inputs_flag)
-        return self.inputs_finite
+    bad: Tensor  # any non-finite loss in the window (0-dim bool)
+    first_bad: Tensor  # its iteration, -1 when none (0-dim float64)
+    last: Tensor  # the newest loss (for the spike detector)
 
 
-#: A veto inspects the record (and the loss or grad norm) and returns the
-#: reason to drop the update, or None.
-Veto = Callable[[IterationRecord, float], Optional[str]]
+def _dtype(device: torch.device) -> torch.dtype:
+    return torch.float32 if device.type == 'mps' else torch.float64
+
+
+def _as(value: Tensor, device: torch.device) -> Tensor:
+    return value.detach().reshape(()).to(device, _dtype(device))
 
 
 class StepGuard:
-    """Checks the loss before backward and the gradients before each step.
+    """Checks every optimizer step with one host read.
 
     One instance serves every optimizer wrapper of a runner (see
-    :func:`mmnanguard.engine.optimizers.install_step_guard`). Each check
-    costs one host sync (and, under DDP, one ``all_reduce`` of a flag).
+    :mod:`mmnanguard.engine.optimizers.guarded_optim_wrapper`). The hook
+    calls :meth:`begin_iteration` before each iteration and reads
+    :attr:`outcome` after it.
 
     Args:
         named_params (dict): ``id(param) -> name``, for attribution.
+        buffers (Sequence[Tensor]): Floating buffers checked with the
+            parameters after a step (BatchNorm statistics).
         top_k_grads (int): Parameters reported on a gradient incident.
+        spike_detector (SpikeDetector, optional): Joins the read.
+        param_check_interval (int): Check the parameters after every this
+            many steps (0: only when a snapshot is due).
     """
 
-    def __init__(self, named_params: Dict[int, str], top_k_grads: int = 10):
+    def __init__(
+        self,
+        named_params: Dict[int, str],
+        buffers: Sequence[Tensor] = (),
+        top_k_grads: int = 10,
+        spike_detector: Optional[SpikeDetector] = None,
+        param_check_interval: int = 1,
+    ) -> None:
         self.named_params = named_params
+        self.buffers = list(buffers)
         self.top_k_grads = top_k_grads
-        self.record = IterationRecord()
-        #: Vetoes run on a finite total loss before backward, and on a
-        #: finite gradient norm before the step (e.g. spike detectors).
-        self.loss_vetoes: List[Veto] = []
-        self.grad_vetoes: List[Veto] = []
+        self.spike_detector = spike_detector
+        self.param_check_interval = param_check_interval
+        self.vetoes: List[Veto] = []
+        self.iteration = -1
+        self.outcome = IterationOutcome()
+        #: Force a parameter check after this iteration's step (a snapshot
+        #: of the state after it is due).
+        self.check_params_after_step = False
+        self._inputs_flag: Optional[Tensor] = None
+        self._loss_terms: Dict[str, Any] = {}
+        self._windows: Dict[int, _LossWindow] = {}
+        self._params_flag: Optional[Tensor] = None
+        self._params_iteration: Optional[int] = None
+        self._params_seen: Optional[tuple] = None
+        self._steps = 0
 
-    def begin_iteration(self) -> None:
-        """Start a fresh :class:`IterationRecord`."""
-        self.record = IterationRecord()
+    # -- what the iteration produced (no host reads) -----------------------
+    def begin_iteration(self, iteration: int) -> None:
+        """Start iteration ``iteration``."""
+        self.iteration = iteration
+        self.outcome = IterationOutcome(iteration)
+        self.check_params_after_step = False
+        self._inputs_flag = None
+        self._loss_terms = {}
+        self._steps = 0
+        self._params_seen = None
 
-    def loss_is_finite(self, loss: torch.Tensor) -> bool:
-        """Whether backward may run on ``loss`` (agreed by all ranks).
+    def note_inputs(self, flag: Optional[Tensor]) -> None:
+        """The inputs' finiteness flag (0-dim bool) of this iteration."""
+        self._inputs_flag = flag
 
-        The inputs' finiteness flag of the iteration is read in the same
-        host transfer (it costs no extra sync).
-        """
-        flags = [torch.isfinite(loss.detach()).all()]
-        inputs = self.record.inputs_flag
-        if inputs is not None:
-            flags.append(inputs.to(flags[0].device))
-        values = torch.stack(flags).tolist()
-        if inputs is not None:
-            self.record.inputs_finite = bool(values[1])
-        local_bad = not values[0]
-        bad = any_rank(local_bad)
-        self.record.local_loss_nonfinite |= local_bad
-        self.record.loss_nonfinite |= bad
-        if bad or not self.loss_vetoes:
-            return not bad
-        return not self._vetoed('loss', self.loss_vetoes, float(loss.detach()))
+    def note_loss_terms(self, log_vars: Dict[str, Any]) -> None:
+        """``parse_losses``' log vars of this iteration."""
+        self._loss_terms = log_vars
 
-    def _vetoed(self, stage: str, vetoes: List[Veto], value: float) -> bool:
-        if not vetoes:
-            return False
-        reasons = [r for r in (v(self.record, value) for v in vetoes) if r]
-        if not any_rank(bool(reasons)):
-            return False
-        self.record.veto = '; '.join(reasons) or 'vetoed on another rank'
-        self.record.veto_stage = stage
-        return True
-
-    def grad_norm_is_finite(
-        self, norm: Any, optimizer: torch.optim.Optimizer
-    ) -> bool:
-        """Whether the optimizer may step with gradients of norm ``norm``.
-
-        On a non-finite norm the parameters with the largest or non-finite
-        gradients are recorded (before the caller zeroes them).
-        """
-        value = float(norm)
-        local_bad = not math.isfinite(value)
-        bad = any_rank(local_bad)
-        self.record.grad_norm = value
-        if bad:
-            self.record.local_grad_nonfinite |= local_bad
-            self.record.grad_nonfinite = True
-            self.record.top_grad_params = top_grad_norms(
-                self.named_params, optimizer, self.top_k_grads
+    def note_loss(self, owner: object, loss: Tensor) -> None:
+        """The loss ``owner`` (an optim wrapper) runs backward on."""
+        loss = loss.detach()
+        bad = ~torch.isfinite(loss).all()
+        window = self._windows.get(id(owner))
+        if window is None:
+            first = torch.full(
+                (), -1.0, device=loss.device, dtype=_dtype(loss.device)
             )
-            return False
-        return not self._vetoed('grad', self.grad_vetoes, value)
-
-    def note_step(self) -> None:
-        """An optimizer step was taken."""
-        self.record.steps += 1
-
-    def note_skipped_step(self) -> None:
-        """An optimizer step was dropped because of a non-finite value."""
-        self.record.skipped_steps += 1
-
-    def note_amp_step(self, scale_before: float, scale_after: float) -> None:
-        """A GradScaler step; it skipped exactly when the scale went down."""
-        self.record.loss_scale = scale_after
-        if scale_after < scale_before:
-            self.record.amp_skipped_steps += 1
-            self.record.amp_scale_change = (scale_before, scale_after)
+            window = _LossWindow(bad, first, loss)
+            window.first_bad = torch.where(
+                bad, float(self.iteration), window.first_bad
+            )
         else:
-            self.record.steps += 1
+            new = bad & ~window.bad
+            window.first_bad = torch.where(
+                new, float(self.iteration), window.first_bad
+            )
+            window.bad = window.bad | bad
+            window.last = loss
+        self._windows[id(owner)] = window
+
+    # -- the read ----------------------------------------------------------
+    def read(
+        self,
+        owner: object,
+        params: Sequence[Tensor],
+        norm_type: float = 2.0,
+        scaler: Any = None,
+        optimizer: Optional[torch.optim.Optimizer] = None,
+    ) -> StepVerdict:
+        """Decide one step of ``owner`` with one host read.
+
+        Args:
+            owner (object): The optim wrapper about to step.
+            params (Sequence[Tensor]): Its parameters.
+            norm_type (float): The norm of the gradient norm (``clip_grad``'s
+                ``norm_type``). Defaults to 2.
+            scaler (GradScaler, optional): An enabled GradScaler that has
+                unscaled ``optimizer``'s gradients.
+            optimizer (Optimizer, optional): The optimizer of ``scaler``.
+
+        Returns:
+            StepVerdict: The verdict, agreed by all ranks.
+        """
+        grad_params = [p for p in params if p.grad is not None]
+        window = self._windows.pop(id(owner), None)
+        device = self._device(grad_params, window)
+        dtype = _dtype(device)
+        zero = torch.zeros((), device=device, dtype=dtype)
+        if grad_params:
+            per_param = torch._foreach_norm(
+                [p.grad for p in grad_params], norm_type
+            )
+            norms = torch.stack([_as(n, device) for n in per_param])
+            total = torch.linalg.vector_norm(norms, norm_type)
+        else:
+            norms, total = None, zero
+        parts: List[Tensor] = [total.reshape(1)]
+        layout: Dict[str, slice] = {}
+
+        def add(name: str, values: Any) -> None:
+            """Append a list of 0-dim tensors, or a 1-dim tensor."""
+            if isinstance(values, Tensor):
+                values = values.detach().to(device, dtype).reshape(-1)
+            else:
+                values = torch.stack([_as(v, device) for v in values])
+            start = sum(p.numel() for p in parts)
+            parts.append(values)
+            layout[name] = slice(start, start + values.numel())
+
+        if window is not None:
+            loss_bad, first_bad = window.bad, window.first_bad
+        elif isinstance(self._loss_terms.get('loss'), Tensor):
+            # no backward through the wrapper: the logged total decides
+            loss_bad = ~torch.isfinite(self._loss_terms['loss'].detach())
+            first_bad = zero + self.iteration
+        else:
+            loss_bad, first_bad = zero, zero - 1
+        add('loss', [loss_bad, first_bad])
+        params_flag, params_iteration = self._params_flag, None
+        if params_flag is not None:
+            params_iteration = self._params_iteration
+            add('params', [params_flag])
+            self._params_flag = None
+        if self._inputs_flag is not None:
+            add('inputs', [self._inputs_flag])
+        terms = {
+            k: v
+            for k, v in self._loss_terms.items()
+            if isinstance(v, Tensor) and v.numel() == 1
+        }
+        if terms:
+            add('terms', list(terms.values()))
+        amp_state = _amp_state(scaler, optimizer) if scaler else None
+        if amp_state is not None:
+            add('amp', list(amp_state))
+        check = None
+        detector = self.spike_detector
+        suffix = f'#{self._steps}' if self._steps else ''
+        if detector is not None:
+            values = detector.loss_values(
+                window.last if window else None, self._loss_terms, suffix
+            )
+            grad = total if amp_state is None and grad_params else None
+            check = detector.check(values, grad, suffix)
+            if check is not None:
+                add('spike_flags', check.flags)
+                add('spike_values', check.values)
+                add('spike_refs', check.references)
+        if dist.get_world_size() > 1:
+            votes = [
+                _as(loss_bad, device),
+                (~torch.isfinite(total)).to(dtype),
+                _as(params_flag, device) if params_flag is not None else zero,
+                check.flags.any().to(dtype) if check is not None else zero,
+                _as(amp_state[0], device) if amp_state is not None else zero,
+            ]
+            agreed = torch.stack(votes)
+            dist.all_reduce(agreed, op='sum')
+            add('agreed', agreed)
+        host = torch.cat([p.reshape(-1) for p in parts]).tolist()
+        self._steps += 1
+        verdict = self._verdict(
+            host, layout, terms, check, params_iteration, norms, grad_params
+        )
+        verdict.grad_total = total
+        return verdict
+
+    def _verdict(
+        self,
+        host: List[float],
+        layout: Dict[str, slice],
+        terms: Dict[str, Tensor],
+        check: Any,
+        params_iteration: Optional[int],
+        norms: Optional[Tensor],
+        grad_params: List[Tensor],
+    ) -> StepVerdict:
+        def part(name: str) -> Optional[List[float]]:
+            return host[layout[name]] if name in layout else None
+
+        total = host[0]
+        loss_bad, first_bad = part('loss')
+        grad_bad = not _finite(total)
+        params = part('params')
+        params_bad = bool(params[0]) if params else None
+        amp = part('amp')
+        verdict = StepVerdict(
+            iteration=self.iteration,
+            loss_finite=not loss_bad,
+            loss_bad_iteration=int(first_bad) if loss_bad else None,
+            grad_norm=total,
+            grad_finite=not grad_bad,
+            params_finite=None if params_bad is None else not params_bad,
+            params_iteration=params_iteration,
+            inputs_finite=bool(part('inputs')[0])
+            if 'inputs' in layout
+            else None,
+            loss_terms=dict(zip(terms, part('terms') or [])),
+            local_loss_finite=not loss_bad,
+            local_grad_finite=not grad_bad,
+            grad_norms=norms,
+            grad_params=grad_params,
+        )
+        if amp is not None:
+            verdict.amp_raw = (bool(amp[0]), amp[1], int(amp[2]))
+            verdict.grad_finite = not amp[0]
+            verdict.local_grad_finite = not amp[0]
+        if check is not None:
+            verdict.spikes = check.spikes(
+                part('spike_flags'),
+                part('spike_values'),
+                part('spike_refs'),
+                self.spike_detector.settings.factor,
+            )
+            verdict.spike_acts = self.spike_detector.acts
+        agreed = part('agreed')
+        if agreed is not None:
+            a_loss, a_grad, a_params, a_spike, a_inf = agreed
+            verdict.loss_finite = not a_loss
+            if verdict.loss_bad_iteration is None and a_loss:
+                verdict.loss_bad_iteration = self.iteration
+            verdict.grad_finite = not (a_inf if amp is not None else a_grad)
+            if params is not None:
+                verdict.params_finite = not a_params
+            if a_spike and not verdict.spikes:
+                verdict.veto = 'a spike on another rank'
+        verdict.local_params_finite = (
+            None if params_bad is None else not params_bad
+        )
+        if verdict.params_finite is not None:
+            self._params_seen = (verdict.params_finite, params_iteration)
+        elif self._params_seen is not None:  # another wrapper's read
+            verdict.params_finite, verdict.params_iteration = self._params_seen
+        reasons = [r for r in (v(verdict) for v in self.vetoes) if r]
+        if reasons:
+            verdict.veto = '; '.join(reasons)
+        self.outcome.verdicts.append(verdict)
+        return verdict
+
+    @staticmethod
+    def _device(
+        grad_params: List[Tensor], window: Optional[_LossWindow]
+    ) -> torch.device:
+        if window is not None:
+            return window.last.device
+        if grad_params:
+            return grad_params[0].grad.device
+        return torch.device('cpu')
+
+    # -- after the step ----------------------------------------------------
+    def after_step(self, params: Sequence[Tensor], stepped: bool) -> None:
+        """Count the step; queue the parameter check when it is due.
+
+        Args:
+            params (Sequence[Tensor]): The wrapper's parameters.
+            stepped (bool): Whether the optimizer stepped.
+        """
+        if not stepped:
+            return
+        interval = self.param_check_interval
+        due = interval > 0 and (self.iteration + 1) % interval == 0
+        if not (due or self.check_params_after_step):
+            return
+        self._queue_params_check(params, self.iteration)
+
+    def check_initial_params(self, params: Sequence[Tensor]) -> None:
+        """Queue a check of the parameters training starts from (read with
+        the first step, as the check of the step before it)."""
+        self._queue_params_check(params, self.iteration - 1)
+
+    def _queue_params_check(
+        self, params: Sequence[Tensor], iteration: int
+    ) -> None:
+        tensors = [p.detach() for p in params] + [
+            b for b in self.buffers if b.is_floating_point()
+        ]
+        if not tensors:
+            return
+        device = tensors[0].device
+        norm = torch.linalg.vector_norm(
+            torch.stack([_as(n, device) for n in torch._foreach_norm(tensors)])
+        )
+        flag = ~torch.isfinite(norm)
+        if self._params_flag is not None:
+            flag = flag | self._params_flag.to(flag.device)
+        self._params_flag = flag
+        self._params_iteration = iteration
+
+    def forget_pending(self) -> None:
+        """Drop what was queued for the next read (after a rollback
+        restored a known-good state)."""
+        self._params_flag = None
+        self._params_iteration = None
+        self._windows.clear()
+
+    def pending_params_check(self) -> Optional[int]:
+        """The iteration whose parameter check is not read yet, or None."""
+        return None if self._params_flag is None else self._params_iteration
+
+    def flush(self) -> Optional[bool]:
+        """Read a pending parameter check now (one read; at the end of
+        training). Returns whether the parameters were finite (agreed by
+        all ranks), or None when no check was pending."""
+        flag = self._params_flag
+        if flag is None:
+            return None
+        self._params_flag = None
+        votes = flag.to(_dtype(flag.device)).reshape(1)
+        if dist.get_world_size() > 1:
+            dist.all_reduce(votes, op='sum')
+        return not votes.tolist()[0]
+
+
+def _finite(value: float) -> bool:
+    return value == value and value not in (float('inf'), float('-inf'))
+
+
+def _amp_state(scaler: Any, optimizer: Any) -> Optional[List[Tensor]]:
+    """``found_inf``, scale and growth tracker of an enabled GradScaler that
+    unscaled ``optimizer``, as device tensors (torch's GradScaler keeps
+    them in ``_per_optimizer_states``, ``_scale`` and ``_growth_tracker``;
+    ``get_scale()`` would read the scale on the host)."""
+    if scaler is None or not scaler.is_enabled():
+        return None
+    state = scaler._per_optimizer_states[id(optimizer)]
+    found = list(state['found_inf_per_device'].values())
+    scale = scaler._scale
+    device = scale.device
+    found_inf = (
+        torch.stack([f.to(device) for f in found]).sum()
+        if found
+        else torch.zeros((), device=device)
+    )
+    return [found_inf, scale, scaler._growth_tracker]

@@ -146,6 +146,9 @@ class AmpScaleMonitorHook(Hook):
         self._recent: Dict[str, deque] = {}
         self._collapsed: Dict[str, bool] = {}
         self._before: Dict[str, Tuple[float, int]] = {}
+        #: The newest known scale per member (a guarded wrapper's read).
+        self._scales: Dict[str, float] = {}
+        self._iteration = -1
 
     # -- stages -----------------------------------------------------------
     def before_train(self, runner) -> None:
@@ -189,10 +192,13 @@ class AmpScaleMonitorHook(Hook):
     def before_train_iter(
         self, runner, batch_idx: int, data_batch: DATA_BATCH = None
     ) -> None:
-        """Read every scale before the step."""
+        """Read the scale before the step of every wrapper that no guard
+        watches (a guarded wrapper reports its GradScaler step itself)."""
+        self._iteration = runner.iter
         self._before = {
             name: _scaler_state(wrapper)
             for name, wrapper in amp_members(runner.optim_wrapper)
+            if getattr(wrapper, 'nanguard', None) is None
         }
 
     def after_train_iter(
@@ -204,12 +210,29 @@ class AmpScaleMonitorHook(Hook):
     ) -> None:
         """Count skips, publish the scale, act on a collapse."""
         for name, wrapper in amp_members(runner.optim_wrapper):
-            scale, tracker = _scaler_state(wrapper)
-            before = self._before.get(name)
-            if before is not None:
-                self._observe(runner, name, before, (scale, tracker))
+            if getattr(wrapper, 'nanguard', None) is not None:
+                step = wrapper.amp_step_of(runner.iter)
+                if step is None:  # no scaler step in this iteration
+                    scale = self._scales.get(name)
+                    if scale is None:
+                        continue
+                else:
+                    self._observe(
+                        runner,
+                        name,
+                        (step.scale_before, step.tracker_before),
+                        (step.scale_after, step.tracker_after),
+                    )
+                    scale = step.scale_after
+            else:
+                scale, tracker = _scaler_state(wrapper)
+                before = self._before.get(name)
+                if before is not None:
+                    self._observe(runner, name, before, (scale, tracker))
+            self._scales[name] = scale
             self._publish(runner, name, scale)
-            self._check_collapse(runner, name, wrapper, scale)
+            if self._check_collapse(runner, name, wrapper, scale):
+                self._scales[name] = 1.0
 
     def before_save_checkpoint(self, runner, checkpoint: dict) -> None:
         """Store counts, the skip window and any precision switch."""
@@ -285,7 +308,9 @@ class AmpScaleMonitorHook(Hook):
 
     def _check_collapse(
         self, runner, name: str, wrapper, scale: float
-    ) -> None:
+    ) -> bool:
+        """Act on a collapse; return whether the precision was switched
+        (which resets the scale to 1.0)."""
         causes = []
         if scale < self.min_loss_scale and precision_of(wrapper) == 'float16':
             causes.append(
@@ -301,7 +326,7 @@ class AmpScaleMonitorHook(Hook):
         was_collapsed = self._collapsed[name]
         self._collapsed[name] = bool(causes)
         if not causes or was_collapsed:
-            return  # act once per collapse, re-armed when it is over
+            return False  # act once per collapse, re-armed when it is over
         self.collapses[name] += 1
         message = (
             f'AMP loss scale collapsed at iteration {runner.iter}'
@@ -311,22 +336,23 @@ class AmpScaleMonitorHook(Hook):
         target = self._switch_target(wrapper)
         if self.on_collapse == 'warn':
             runner.logger.warning(f'AmpScaleMonitor: {message}')
-        elif self.on_collapse == 'raise' or target is None:
+            return False
+        if self.on_collapse == 'raise' or target is None:
             if target is None and self.on_collapse != 'raise':
                 message += ' (no lower precision left to switch to)'
             runner.logger.error(f'AmpScaleMonitor: {message}')
             raise AmpScaleCollapseError(message)
-        else:
-            switch_precision(wrapper, target)
-            self.precision[name] = target
-            self._recent[name].clear()
-            self._collapsed[name] = False
-            runner.logger.warning(
-                f'AmpScaleMonitor: {message}. !!! SWITCHING{_of(name)} TO '
-                f'{target.upper()} FOR THE REST OF THE RUN !!! (loss scale '
-                'reset to 1.0; the GradScaler keeps skipping non-finite '
-                'steps)'
-            )
+        switch_precision(wrapper, target)
+        self.precision[name] = target
+        self._recent[name].clear()
+        self._collapsed[name] = False
+        runner.logger.warning(
+            f'AmpScaleMonitor: {message}. !!! SWITCHING{_of(name)} TO '
+            f'{target.upper()} FOR THE REST OF THE RUN !!! (loss scale '
+            'reset to 1.0; the GradScaler keeps skipping non-finite '
+            'steps)'
+        )
+        return True
 
     def _switch_target(self, wrapper) -> Optional[str]:
         current = precision_of(wrapper)

@@ -2,9 +2,8 @@
 """NanDiagnosisHook: name the first module, loss term and sample that went
 non-finite, where and why, for every distinct incident."""
 
-import os.path as osp
 import traceback
-from typing import Any, Dict, Optional
+from typing import Optional
 
 import torch
 from mmengine.hooks import Hook
@@ -13,13 +12,16 @@ from mmnanguard.registry import HOOKS, register_shared
 
 from ..diagnosis import amp_settings, diagnose, replay_model, write_diagnosis
 from ..diagnosis.distinct import DiagnosisLog
-from ..diagnosis.incident_files import write_report_json
 from ..diagnosis.report_md import write_repeat_markdown
 from ..guard.finite import nonfinite_paths
+from ..guard.incident_event import IncidentEvent
+from ..incident.folder import (
+    CONFIG_NAME,
+    MODEL_NAME,
+    write_incident_file,
+    write_report_json,
+)
 from .nanguard_hook import NanGuardHook
-
-CONFIG_NAME = 'config.py'
-MODEL_NAME = 'model.pth'
 
 
 @register_shared(HOOKS)
@@ -27,8 +29,8 @@ class NanDiagnosisHook(Hook):
     """Replay the batch of an incident with every module probed.
 
     In ``before_train`` the hook finds the runner's :class:`NanGuardHook`
-    and adds a listener to its ``incident_listeners``. Nothing else runs
-    while training is healthy: no module carries a hook and no stage of
+    and subscribes to its incident events (:meth:`NanGuardHook.subscribe`).
+    Nothing else runs while training is healthy: no module carries a hook and no stage of
     this hook is called per iteration.
 
     On every distinct incident, up to ``max_diagnoses`` (an incident is
@@ -124,18 +126,38 @@ class NanDiagnosisHook(Hook):
                 "add dict(type='NanGuardHook') to custom_hooks"
             )
         self.guard = guards[0]
-        if self.on_incident not in self.guard.incident_listeners:
-            self.guard.incident_listeners.append(self.on_incident)
+        self.guard.subscribe(self.on_incident)
 
-    def on_incident(
-        self, runner, report: Dict[str, Any], folder: Optional[str]
-    ) -> None:
-        """The listener: diagnose, write the files, log the verdict."""
-        if folder is None:
+    def on_incident(self, runner, event: IncidentEvent) -> None:
+        """The listener: diagnose, write the files, log the verdict.
+
+        Nothing here can stop training: a failure (a full disk included)
+        is logged, recorded as ``diagnosis_error`` where it can be, and
+        training goes on under the guard's policy.
+        """
+        if event.folder is None:
             return
+        try:
+            self._respond(runner, event)
+        except Exception as err:  # noqa: BLE001  (logged and recorded)
+            event.report['diagnosis_error'] = f'{type(err).__name__}: {err}'
+            runner.logger.error(
+                'nanguard: the diagnosis failed; training goes on under '
+                f'the guard policy:\n{traceback.format_exc()}'
+            )
+            try:
+                write_report_json(event.report, event.folder)
+            except OSError as write_err:
+                runner.logger.error(
+                    f'nanguard: could not record that in {event.folder}: '
+                    f'{write_err}'
+                )
+
+    def _respond(self, runner, event: IncidentEvent) -> None:
+        report, folder = event.report, event.folder
         if report['kind'] == 'nonfinite_checkpoint':
             runner.logger.info(
-                'NanGuard diagnosis: a poisoned checkpoint '
+                'nanguard diagnosis: a poisoned checkpoint '
                 'is not a training step; nothing to replay'
             )
             return
@@ -145,7 +167,7 @@ class NanDiagnosisHook(Hook):
             write_report_json(report, folder)
             write_repeat_markdown(report, folder)
             runner.logger.warning(
-                f"NanGuard diagnosis: the incident at iteration "
+                f"nanguard diagnosis: the incident at iteration "
                 f"{report['iteration']} repeats {earlier['folder']} "
                 f"(cause {earlier['cause']}, stage {earlier['stage']}): "
                 'same samples, kind and stage'
@@ -159,34 +181,25 @@ class NanDiagnosisHook(Hook):
             write_report_json(report, folder)
             return
         try:
-            self._diagnose(runner, report, folder)
-        except Exception as err:  # noqa: BLE001  (logged and recorded)
-            report['diagnosis_error'] = f'{type(err).__name__}: {err}'
-            write_report_json(report, folder)
-            runner.logger.error(
-                'NanGuard diagnosis failed; training goes '
-                'on under the guard policy:\n'
-                f'{traceback.format_exc()}'
-            )
-        self.log.add(report, folder)
+            self._diagnose(runner, event)
+        finally:
+            self.log.add(report, folder)
 
-    def _diagnose(self, runner, report: Dict[str, Any], folder: str) -> None:
-        guard = self.guard
-        batch = dict(data_batch=guard._data_batch, rng_state=guard._rng_state)
+    def _diagnose(self, runner, event: IncidentEvent) -> None:
+        report, folder, batch = event.report, event.folder, event.batch
         amp_dtype, loss_scale = amp_settings(runner.optim_wrapper)
         optimizer_bad = (
             nonfinite_paths(runner.optim_wrapper.state_dict())
             if report['kind'] == 'nonfinite_params'
             else []
         )
-        with replay_model(runner, report, guard.snapshots) as (model, state):
+        with replay_model(runner, report, event.snapshots) as (model, state):
             if self.save_model:
-                torch.save(
-                    {
-                        k: v.detach().cpu()
-                        for k, v in model.state_dict().items()
-                    },
-                    osp.join(folder, MODEL_NAME),
+                state_dict = {
+                    k: v.detach().cpu() for k, v in model.state_dict().items()
+                }
+                write_incident_file(
+                    folder, MODEL_NAME, lambda f: torch.save(state_dict, f)
                 )
             diagnose(
                 model,
@@ -200,10 +213,10 @@ class NanDiagnosisHook(Hook):
                 explosion_ratio=self.explosion_ratio,
                 optimizer_nonfinite=optimizer_bad[:20],
             )
-        runner.cfg.dump(osp.join(folder, CONFIG_NAME))
+        write_incident_file(folder, CONFIG_NAME, runner.cfg.pretty_text)
         paths = write_diagnosis(report, folder)
         verdict = '\n  '.join(report['diagnosis']['verdict'])
         runner.logger.error(
-            f'NanGuard diagnosis:\n  {verdict}\n  '
+            f'nanguard diagnosis:\n  {verdict}\n  '
             f"details: {paths['report.md']}"
         )

@@ -1,14 +1,22 @@
 # Copyright (c) mmnanguard contributors. All rights reserved.
+from ..guard.optim_members import optim_wrapper_members
 from .amp_precision import precision_of, switch_precision
 from .cpu_amp_optim_wrapper import CPUAmpOptimWrapper
 from .guarded_optim_wrapper import (
+    GUARDED_TYPES,
+    GuardedAmpOptimWrapper,
+    GuardedCPUAmpOptimWrapper,
+    GuardedOptimWrapper,
     GuardedOptimWrapperMixin,
     install_step_guard,
-    optim_wrapper_members,
 )
 
 __all__ = [
     'CPUAmpOptimWrapper',
+    'GUARDED_TYPES',
+    'GuardedAmpOptimWrapper',
+    'GuardedCPUAmpOptimWrapper',
+    'GuardedOptimWrapper',
     'GuardedOptimWrapperMixin',
     'install_step_guard',
     'optim_wrapper_members',

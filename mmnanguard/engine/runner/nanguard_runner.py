@@ -48,11 +48,20 @@ line that turns it back on. The rewrites are the functions of
 :mod:`.rewrite`; :func:`~.rewrite.rewrite_config` applies them to a config
 without training.
 
-The optim wrapper is left as configured: the guard's step guard is
-installed into whatever wrapper is built (``OptimWrapper``,
-``AmpOptimWrapper``, ``CPUAmpOptimWrapper``, ``OptimWrapperDict``), and
-``clip_grad``'s own norm is the one it checks. The train loop is not
+The optim wrapper is built as the registered guarded counterpart of the
+configured type (``OptimWrapper`` -> ``GuardedOptimWrapper``, likewise
+``AmpOptimWrapper`` and ``CPUAmpOptimWrapper``, each member of an
+``OptimWrapperDict``), with the same arguments; another type is built as
+configured and guarded by the hook's class swap. ``clip_grad``'s own norm
+read is the guard's one read per step. The train loop is not
 touched either, so epoch- and iteration-based loops both work.
+
+The files the run lives on are protected too (:mod:`.crash_safety`):
+every local checkpoint and ``last_checkpoint`` is written durably (complete
+or absent), old checkpoints are removed only after the new one is durable,
+a resume takes the newest checkpoint that loads, and SIGTERM / SIGINT save
+a checkpoint at the next iteration boundary and stop with
+``TrainingPreempted`` (exit 4 from ``tools/train.py``).
 """
 
 import copy
@@ -60,6 +69,7 @@ import logging
 from typing import Any, Dict, List, Optional
 
 import torch.nn as nn
+from mmengine.dist import master_only
 from mmengine.logging import print_log
 from mmengine.model import is_model_wrapper
 from mmengine.optim import AmpOptimWrapper, OptimWrapperDict
@@ -69,6 +79,13 @@ from mmnanguard.optional import require_packages
 from mmnanguard.registry import HOOKS, RUNNERS, register_shared
 
 from ..hooks import NanGuardHook
+from .crash_safety import (
+    check_load_from,
+    install_crash_safety,
+    resume_target,
+)
+from .durable_checkpoint import durable_backend_args
+from .guarded_optim_config import guarded_optim_wrapper_cfg
 from .model_facts import read_model_facts
 from .protection import ProtectionSettings
 from .rewrite import (
@@ -167,6 +184,27 @@ class NanGuardRunner(Runner):
         self._note(notes)
         return model
 
+    # -- the optim wrapper ----------------------------------------------------
+    def build_optim_wrapper(self, optim_wrapper: Any) -> Any:
+        """Build the registered guarded counterpart of the configured
+        wrapper (:func:`~.guarded_optim_config.guarded_optim_wrapper_cfg`);
+        a type without one is built as configured and guarded by the hook.
+
+        Args:
+            optim_wrapper: As in ``Runner.build_optim_wrapper``.
+
+        Returns:
+            OptimWrapper | OptimWrapperDict: The built wrapper.
+        """
+        if self.protection.enabled and isinstance(optim_wrapper, dict):
+            optim_wrapper, kept = guarded_optim_wrapper_cfg(optim_wrapper)
+            if kept:
+                _log(
+                    f'optim wrapper type(s) {kept} have no registered guarded '
+                    'counterpart; NanGuardHook guards them by a class swap'
+                )
+        return super().build_optim_wrapper(optim_wrapper)
+
     # -- hooks -------------------------------------------------------------
     def register_hooks(
         self,
@@ -227,3 +265,104 @@ class NanGuardRunner(Runner):
         if isinstance(wrapper, dict):
             return 'Amp' in str(wrapper.get('type', ''))
         return False
+
+    # -- crash safety: durable checkpoints, verified resume, preemption ----
+    def register_default_hooks(
+        self, hooks: Optional[Dict[str, Any]] = None
+    ) -> None:
+        """Register the default hooks (as ``Runner``); in a protected run,
+        make ``CheckpointHook`` durable and add the ``PreemptionHook``
+        (:mod:`.crash_safety`).
+
+        Args:
+            hooks (dict, optional): As in ``Runner``.
+        """
+        super().register_default_hooks(hooks)
+        self.preemption_signals = None
+        if self.protection.enabled:
+            self.preemption_signals = install_crash_safety(self)
+
+    @master_only
+    def save_checkpoint(
+        self,
+        out_dir: str,
+        filename: str,
+        file_client_args: Optional[dict] = None,
+        save_optimizer: bool = True,
+        save_param_scheduler: bool = True,
+        meta: Optional[dict] = None,
+        by_epoch: bool = True,
+        backend_args: Optional[dict] = None,
+    ) -> None:
+        """``Runner.save_checkpoint``; in a protected run a local checkpoint
+        is written durably (:mod:`.durable_checkpoint`): complete or
+        absent.
+
+        Args: as in ``Runner.save_checkpoint``.
+        """
+        if self.protection.enabled:
+            backend_args = durable_backend_args(
+                out_dir, backend_args, file_client_args
+            )
+        super().save_checkpoint(
+            out_dir,
+            filename,
+            file_client_args,
+            save_optimizer=save_optimizer,
+            save_param_scheduler=save_param_scheduler,
+            meta=meta,
+            by_epoch=by_epoch,
+            backend_args=backend_args,
+        )
+
+    def load_or_resume(self) -> None:
+        """``Runner.load_or_resume``; a protected resume takes the newest
+        checkpoint that loads and says which and why
+        (:mod:`.resume_choice`); a cut-short ``load_from`` is refused.
+
+        Raises:
+            UnusableCheckpointError: The checkpoint named for resuming does
+                not load and no other one does, or ``load_from`` is cut
+                short.
+        """
+        if self._has_loaded or not self.protection.enabled:
+            return super().load_or_resume()
+        if not self._resume:
+            if self._load_from is not None:
+                check_load_from(self._load_from)
+            return super().load_or_resume()
+        path = resume_target(self.work_dir, self._load_from)
+        if path is not None:
+            self.resume(path)
+            self._has_loaded = True
+        return None
+
+    def train(self) -> nn.Module:
+        """``Runner.train``; in a protected run SIGTERM and SIGINT save a
+        checkpoint at the next iteration boundary and stop training with
+        ``TrainingPreempted`` (:mod:`.preemption`). The previous signal
+        handlers are restored when training ends.
+
+        Returns:
+            nn.Module: The model after training.
+        """
+        signals = getattr(self, 'preemption_signals', None)
+        if signals is None:
+            return super().train()
+        if not signals.install():
+            _log(
+                'not in the main thread: SIGTERM and SIGINT stop training '
+                'at once, without a checkpoint',
+                logging.WARNING,
+            )
+        try:
+            model = super().train()
+        finally:
+            signals.restore()
+        if signals.received is not None:
+            _log(
+                f'{signals.signal_name} received after the last iteration; '
+                'training had finished',
+                logging.WARNING,
+            )
+        return model

@@ -4,12 +4,13 @@ import math
 import pytest
 import torch
 
+from mmnanguard.engine.guard import StepGuard
 from mmnanguard.engine.guard.finite import (
     json_number,
     nonfinite_paths,
-    top_grad_norms,
     total_norm,
 )
+from mmnanguard.engine.optimizers import GuardedOptimWrapper
 
 
 def _reference_norm(tensors):
@@ -62,17 +63,48 @@ def test_nonfinite_paths_names_each_bad_tensor():
     assert nonfinite_paths(dict(a=[torch.zeros(0)])) == []
 
 
-def test_top_grad_norms_orders_nonfinite_first():
+def _grads():
     params = [torch.nn.Parameter(torch.zeros(2)) for _ in range(3)]
     params[0].grad = torch.tensor([3.0, 4.0])  # 5
     params[1].grad = torch.tensor([1.0, 0.0])  # 1
     params[2].grad = torch.tensor([float('inf'), 0.0])
-    opt = torch.optim.SGD(params, lr=0.1)
-    names = {id(p): n for p, n in zip(params, 'xyz')}
-    assert top_grad_norms(names, opt, 2) == [
+    return params, {id(p): n for p, n in zip(params, 'xyz')}
+
+
+def test_top_grad_params_orders_nonfinite_first():
+    params, names = _grads()
+    guard = StepGuard(names)
+    verdict = guard.read(object(), params)
+    assert verdict.top_grad_params(names, 2) == [
         dict(name='z', grad_norm='inf'),
         dict(name='x', grad_norm=5.0),
     ]
+    assert not verdict.grad_finite and verdict.loss_finite
+
+
+def test_the_poisoned_parameter_is_named_under_clip_grad():
+    """The norms are taken before clip_grad multiplies every gradient by
+    max_norm / NaN (which would make every parameter look poisoned)."""
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 1))
+    wrapper = GuardedOptimWrapper(
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        clip_grad=dict(max_norm=1.0),
+    )
+    names = {id(p): n for n, p in model.named_parameters()}
+    guard = StepGuard(names)
+    wrapper.attach_guard(guard)
+    guard.begin_iteration(0)
+    before = [p.detach().clone() for p in model.parameters()]
+    loss = model(torch.ones(1, 2)).sum()
+    wrapper.backward(loss)
+    model[1].weight.grad[0, 0] = float('nan')
+    wrapper.step()
+    (verdict,) = guard.outcome.verdicts
+    top = verdict.top_grad_params(names, 4)
+    assert top[0] == dict(name='1.weight', grad_norm='nan')
+    assert all(isinstance(t['grad_norm'], float) for t in top[1:])
+    assert guard.outcome.skipped == 1 and guard.outcome.steps == 0
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
 
 
 @pytest.mark.parametrize(

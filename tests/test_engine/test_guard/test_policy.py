@@ -62,7 +62,7 @@ from mmnanguard.engine.guard.snapshot_store import SnapshotStore
             0,
             True,
             'skip',
-            'policy=skip',
+            'spike.action=skip',
         ),
         (
             dict(spike=dict(action='rollback')),
@@ -71,7 +71,7 @@ from mmnanguard.engine.guard.snapshot_store import SnapshotStore
             0,
             True,
             'rollback',
-            'policy=rollback',
+            'spike.action=rollback',
         ),
         # a veto by another extension is a skip
         (
@@ -81,7 +81,7 @@ from mmnanguard.engine.guard.snapshot_store import SnapshotStore
             0,
             True,
             'skip',
-            'policy=skip',
+            'spike.action=skip',
         ),
     ],
 )
@@ -93,6 +93,12 @@ def test_decide_action(
     )
     assert got == action
     assert reason in why
+
+
+@pytest.mark.parametrize('kind', ['nonfinite_weights', '', None, 3])
+def test_an_unknown_kind_is_refused_by_name(kind):
+    with pytest.raises(ValueError, match='incident kind'):
+        decide_action(GuardSettings(), kind, 0, 0, True)
 
 
 def _snapshot(iteration):

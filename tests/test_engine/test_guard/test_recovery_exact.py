@@ -111,14 +111,19 @@ def train(work_dir, data_root, guard, fault, max_iters):
     witness = Witness()
     runner.register_hook(witness)
     hook = next(h for h in runner.hooks if isinstance(h, NanGuardHook))
-    checks = []  # iterations at which the parameters were checked
-    params_finite = hook._params_finite
+    checks = []  # iterations whose step queued a parameter check
 
-    def counted(run):
-        checks.append(run.iter)
-        return params_finite(run)
+    class Checks(Hook):
+        priority = 'LOWEST'
 
-    hook._params_finite = counted
+        def after_train_iter(
+            self, run, batch_idx, data_batch=None, outputs=None
+        ):
+            queued = hook.step_guard.pending_params_check()
+            if queued is not None:
+                checks.append(queued)
+
+    runner.register_hook(Checks())
     error = None
     try:
         runner.train()
@@ -131,8 +136,9 @@ def train(work_dir, data_root, guard, fault, max_iters):
 def rollback_run(tmp_path_factory, tiny_dota_root):
     """Parameter checks every 4 iterations, snapshots every 2, NaN written
     into AdamW's first moment at iteration 5: the step of iteration 5 makes
-    a weight NaN unchecked, the snapshot due after it refuses the state, and
-    iteration 6's loss is NaN: rollback to the snapshot of iteration 4."""
+    a weight NaN; the snapshot due after it queues a parameter check, read
+    with iteration 6's step, which drops the pending snapshot and the step:
+    rollback to the snapshot of iteration 4."""
     return train(
         str(tmp_path_factory.mktemp('rollback')),
         tiny_dota_root,
@@ -184,11 +190,15 @@ def test_the_restored_states_had_changed_since_the_snapshot(rollback_run):
 
 def test_param_checks_and_snapshot_shortcut(rollback_run):
     _, hook, _, _, checks = rollback_run
-    # before_train's snapshot (0); the snapshot after iteration 1 checks
-    # itself; iteration 3's parameter check serves its snapshot (no second
-    # pass); the snapshot due after iteration 5 checks and refuses the NaN;
-    # iteration 7's parameter check serves its snapshot
-    assert checks == [0, 1, 3, 5, 7]
+    # a check is queued after the steps of iterations 3 and 7
+    # (param_check_interval=4) and 1 and 5 (a snapshot is due after them);
+    # each is read with the next step's verdict, no pass of its own; the
+    # one of iteration 7 is read before the last checkpoint is written
+    # (the checkpoint hook runs before this witness)
+    assert checks == [1, 3, 5]
+    report = hook.last_report
+    assert (report['kind'], report['iteration']) == ('nonfinite_params', 5)
+    assert report['detected_at'] == 6
     assert [s.iteration for s in hook.snapshots] == [4, 8]
     assert all(
         torch.isfinite(t).all()
@@ -211,8 +221,11 @@ def test_raise_after_a_poisoned_step_leaves_the_last_snapshot(
     assert error is not None
     assert 'restored to iteration 2' in str(error)
     assert hook.last_report['kind'] == 'nonfinite_params'
+    assert hook.last_report['iteration'] == 3
     assert hook.last_restored.iteration == 2
-    assert 3 not in witness.states  # the guard raised in iteration 3
+    # the check of step 3 is read with the step of iteration 4, which the
+    # guard drops before raising
+    assert 3 in witness.states and 4 not in witness.states
     taken = witness.states[1]
     assert_same(runner.model.state_dict(), taken['model'])
     assert_same(runner.optim_wrapper.state_dict(), taken['optimizer'])

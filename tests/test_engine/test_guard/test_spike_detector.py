@@ -1,18 +1,11 @@
 # Copyright (c) mmnanguard contributors. All rights reserved.
 """SpikeDetector and SpikeSettings against hand calculations."""
 
-import math
-
 import pytest
 import torch
 from mmengine.runner import Runner
 
-from mmnanguard.engine.guard import (
-    GuardSettings,
-    IterationRecord,
-    SpikeDetector,
-    SpikeSettings,
-)
+from mmnanguard.engine.guard import GuardSettings, SpikeDetector, SpikeSettings
 from mmnanguard.testing.toy import toy_runner_cfg
 
 
@@ -74,111 +67,142 @@ def test_settings_round_trip():
     assert GuardSettings().to_dict()['spike'] is None
 
 
+def check(d, name, value, grad=None):
+    """One step's check of one quantity; the spike (host values) or None."""
+    result = d.check({name: torch.tensor(value)}, grad)
+    flags = result.flags.tolist()
+    spikes = result.spikes(
+        flags,
+        result.values.tolist(),
+        result.references.tolist(),
+        d.settings.factor,
+    )
+    return next((s for s in spikes if s.name == name), None)
+
+
 def test_running_max_rule_by_hand():
     d = detector(factor=10.0)
     # warmup: the first 3 values are admitted unchecked, even a large one
-    assert [d.check('loss', 'x', v) for v in (1.0, 50.0, 2.0)] == [None] * 3
-    # running max 50: 499 passes, 501 is a spike and is not admitted
-    assert d.check('loss', 'x', 499.0) is None
-    spike = d.check('loss', 'x', 5010.0)
+    assert [check(d, 'x', v) for v in (1.0, 50.0, 2.0)] == [None] * 3
+    # running max 50: exactly 10 x 50 passes (the rule is '>')
+    assert check(d, 'x', 500.0) is None  # not > 10 x 50
+    spike = check(d, 'x', 5000.5)  # > 10 x 500
     assert (spike.value, spike.reference, spike.factor) == (
-        5010.0,
-        499.0,
+        5000.5,
+        500.0,
         10.0,
     )
-    assert list(d.windows['x']) == [1.0, 50.0, 2.0, 499.0]
-    # the window holds 4 values: 1.0 and 50.0 leave, the max becomes 499
-    d.check('loss', 'x', 3.0)
-    d.check('loss', 'x', 4.0)
-    assert list(d.windows['x']) == [2.0, 499.0, 3.0, 4.0]
-    assert d.check('loss', 'x', 4990.0) is None  # not > 10 x 499
-    assert d.check('loss', 'x', 4991.0) is None  # window max is 4990 now
+    assert d.windows()['x'] == [1.0, 50.0, 2.0, 500.0]
+    # the window holds 4 values: 1.0 and 50.0 leave, the max stays 500
+    check(d, 'x', 3.0)
+    check(d, 'x', 4.0)
+    assert d.windows()['x'] == [2.0, 500.0, 3.0, 4.0]
+    assert check(d, 'x', 5000.0) is None  # not > 10 x 500
+    assert check(d, 'x', 5001.0) is None  # window max is 5000 now
+
+
+def test_the_factor_boundary_on_a_window_of_one_value():
+    d = detector(factor=10.0, warmup=1, window=1)
+    check(d, 'x', 50.0)
+    assert check(d, 'x', 500.0) is None  # exactly 10 x: not a spike
+    assert d.windows()['x'] == [500.0]
+    assert check(d, 'x', 5001.0).reference == 500.0
 
 
 @pytest.mark.parametrize('value', [float('nan'), float('inf'), -float('inf')])
 def test_nonfinite_values_are_the_guards_business(value):
     d = detector()
     for v in (1.0, 1.0, 1.0):
-        d.check('loss', 'x', v)
-    assert d.check('loss', 'x', value) is None
-    assert list(d.windows['x']) == [1.0, 1.0, 1.0]
+        check(d, 'x', v)
+    assert check(d, 'x', value) is None
+    assert d.windows()['x'] == [1.0, 1.0, 1.0]
 
 
 def test_zero_running_max_and_min_value():
     d = detector()
     for v in (0.0, 0.0, 0.0):
-        d.check('loss', 'x', v)
-    assert d.check('loss', 'x', 1e-6) is None  # no scale to compare with
+        check(d, 'x', v)
+    assert check(d, 'x', 1e-6) is None  # no scale to compare with
     d = detector(min_value=0.01)
     for v in (0.0, 0.0, 0.0):
-        d.check('loss', 'y', v)
-    assert d.check('loss', 'y', 0.11).reference == 0.01  # > 10 x floor
-    assert d.check('loss', 'y', 0.1) is None  # not > 10 x 0.01
+        check(d, 'y', v)
+    assert check(d, 'y', 0.11).reference == pytest.approx(0.01)
+    assert check(d, 'y', 0.099) is None  # not > 10 x 0.01
 
 
-def record(**terms):
-    return IterationRecord(
-        loss_terms={k: torch.tensor(v) for k, v in terms.items()}
-    )
+def terms(**values):
+    return {k: torch.tensor(v) for k, v in values.items()}
 
 
 @pytest.mark.parametrize('action', ['log', 'skip', 'rollback'])
-def test_loss_veto_checks_total_and_each_term(action):
+def test_total_and_each_loss_term_are_checked(action):
     d = detector(action=action)
     for _ in range(3):
-        d.begin_iteration()
-        assert (
-            d.loss_veto(record(loss=2.0, loss_a=1.0, loss_b=1.0, acc=0.5), 2.0)
-            is None
+        values = d.loss_values(
+            torch.tensor(2.0),
+            terms(loss=2.0, loss_a=1.0, loss_b=1.0, acc=0.5),
+            '',
         )
-    assert set(d.windows) == {'loss', 'loss_a', 'loss_b'}  # not 'acc'
-    d.begin_iteration()
-    reason = d.loss_veto(
-        record(loss=101.0, loss_a=100.0, loss_b=1.0, acc=90.0), 101.0
+        d.check(values)
+    assert set(d.windows()) == {'loss', 'loss_a', 'loss_b'}  # not 'acc'
+    values = d.loss_values(
+        torch.tensor(101.0),
+        terms(loss=101.0, loss_a=100.0, loss_b=1.0, acc=90.0),
+        '',
     )
-    assert [(s.name, s.value, s.reference) for s in d.detections] == [
+    result = d.check(values)
+    spikes = result.spikes(
+        result.flags.tolist(),
+        result.values.tolist(),
+        result.references.tolist(),
+        10.0,
+    )
+    assert [(s.name, s.value, s.reference) for s in spikes] == [
         ('loss', 101.0, 2.0),
         ('loss_a', 100.0, 1.0),
     ]
-    if action == 'log':
-        assert reason is None
-    else:
-        assert reason == (
-            'spike: loss=101 > 10 x running max 2, '
-            'loss_a=100 > 10 x running max 1'
-        )
-    d.begin_iteration()
-    assert d.detections == []
+    assert d.acts is (action != 'log')
 
 
-def test_keys_filter_and_several_update_calls_per_iteration():
+def test_keys_filter_steps_of_an_iteration_and_the_grad_norm():
     d = detector(keys=['loss_b'])
     for _ in range(3):
-        d.begin_iteration()
-        d.loss_veto(record(loss=2.0, loss_a=1.0), 2.0)
-        d.loss_veto(record(loss=3.0, loss_b=3.0), 3.0)
-        d.grad_veto(IterationRecord(), 1.0)
-        d.grad_veto(IterationRecord(), 2.0)
-    # only loss_b, from the 2nd update_params of each iteration; grad
-    # norms per step of the iteration
-    assert {k: list(v) for k, v in d.windows.items()} == {
-        'loss_b#1': [3.0] * 3,
+        d.check(
+            d.loss_values(None, terms(loss=2.0, loss_a=1.0), ''),
+            torch.tensor(1.0),
+        )
+        d.check(
+            d.loss_values(None, terms(loss=3.0, loss_b=3.0), '#1'),
+            torch.tensor(2.0),
+            '#1',
+        )
+    # only loss_b, from the 2nd step of each iteration; grad norms per
+    # step of the iteration
+    assert d.windows() == {
         'grad_norm': [1.0] * 3,
+        'loss_b#1': [3.0] * 3,
         'grad_norm#1': [2.0] * 3,
     }
-    d.begin_iteration()
-    assert d.grad_veto(IterationRecord(), 10.0) is None  # not > 10 x 1
-    assert d.grad_veto(IterationRecord(), 20.5).startswith(
-        'spike: grad_norm#1=20.5 > 10 x running max 2'
-    )
+    assert check(d, 'unused', 1.0, torch.tensor(10.0)) is None
+    result = d.check({}, torch.tensor(20.5), '#1')
+    flags = dict(zip(result.names, result.flags.tolist()))
+    assert flags['grad_norm#1'] and not flags['grad_norm']
+
+
+def test_a_loss_spike_keeps_the_grad_norm_out_of_its_window():
+    d = detector()
+    for _ in range(3):
+        d.check({'loss': torch.tensor(1.0)}, torch.tensor(1.0))
+    d.check({'loss': torch.tensor(100.0)}, torch.tensor(2.0))
+    assert d.windows() == {'loss': [1.0] * 3, 'grad_norm': [1.0] * 3}
 
 
 def test_state_dict_round_trip():
     d = detector()
     for v in (1.0, 2.0, 3.0, 4.0, 5.0):
-        d.check('loss', 'x', v)
+        check(d, 'x', v)
     e = detector()
     e.load_state_dict(d.state_dict())
-    assert list(e.windows['x']) == [2.0, 3.0, 4.0, 5.0]
-    assert e.check('loss', 'x', 50.5).reference == 5.0
-    assert math.isclose(e.windows['x'].maxlen, 4)
+    assert e.windows()['x'] == [2.0, 3.0, 4.0, 5.0]
+    assert check(e, 'x', 50.5).reference == 5.0
+    assert e.windows()['x'] == [2.0, 3.0, 4.0, 5.0]

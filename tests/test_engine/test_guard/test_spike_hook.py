@@ -126,6 +126,11 @@ def test_skip_drops_the_update_and_backs_off(tmp_path):
         value = hist[SPIKE_AT]['loss_terms'][name]
         if value > 10 * reference:
             expected[name] = (value, reference)
+    # backward runs on the spiking loss too (the verdict is read before the
+    # step), so its gradient norm is checked in the same read
+    reference = max(hist[i]['grad_norm'] for i in range(SPIKE_AT))
+    if hist[SPIKE_AT]['grad_norm'] > 10 * reference:
+        expected['grad_norm'] = (hist[SPIKE_AT]['grad_norm'], reference)
     assert 'loss_a' in expected and 'loss_b' not in expected
     found = {s['name']: (s['value'], s['reference']) for s in report['spikes']}
     assert list(found) == list(expected)
@@ -173,10 +178,12 @@ def test_log_only_records(tmp_path):
     assert spike_events(g) == [SPIKE_AT]
     assert reports(tmp_path) == []
     log = open(glob.glob(osp.join(str(tmp_path), '*', '*.log'))[0]).read()
-    assert f'NanGuard: spike at iteration {SPIKE_AT} (logged only' in log
+    assert f'nanguard: spike at iteration {SPIKE_AT} (logged only' in log
     # backward ran on the 100x loss: the grad norm spiked too, one event
-    stages = [(s.stage, s.name) for s in g.spike_detector.detections]
-    assert ('loss', 'loss_a') in stages and ('grad', 'grad_norm') in stages
+    (line,) = [
+        x for x in log.splitlines() if f'spike at iteration {SPIKE_AT}' in x
+    ]
+    assert 'loss_a=' in line and 'grad_norm=' in line
 
 
 def test_repeated_spikes_escalate(tmp_path):
@@ -240,6 +247,6 @@ def test_no_false_positive_over_200_healthy_toy_iterations(tmp_path):
     assert g.counters['spikes'] == 0
     assert spike_events(g) == []
     # every quantity was checked (past warmup) on most iterations
-    windows = g.spike_detector.windows
+    windows = g.spike_detector.windows()
     assert set(windows) == {'loss', 'loss_a', 'loss_b', 'grad_norm'}
     assert all(len(w) == 50 for w in windows.values())

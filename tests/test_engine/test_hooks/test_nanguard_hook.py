@@ -167,26 +167,30 @@ def test_skip_keeps_weights_bit_identical(tmp_path, wrapper, kind, incident):
         )
 
 
-def test_clip_grad_norm_is_reused_not_recomputed(tmp_path, monkeypatch):
-    from mmnanguard.engine.optimizers import guarded_optim_wrapper as gow
-
-    calls = []
-    original = gow.total_norm
-    monkeypatch.setattr(
-        gow, 'total_norm', lambda ts: calls.append(1) or original(ts)
-    )
+def test_clip_grad_norm_is_read_once_and_clips(tmp_path):
+    max_norm = 1e-3
     optim = dict(
         type='OptimWrapper',
-        clip_grad=dict(max_norm=1.0),
+        clip_grad=dict(max_norm=max_norm),
         optimizer=dict(type='SGD', lr=0.01),
     )
-    runner, _ = run(tmp_path, [guard()], optim_wrapper=optim)
-    assert calls == []
-    # and the norm the guard saw is the one clip_grad logged
+    runner, params = run(tmp_path, [guard()], optim_wrapper=optim)
+    # the norm the guard read is the one mmengine logged (as a float the
+    # guard handed back: no second read)
     logged = runner.message_hub.get_scalar('train/grad_norm').current()
-    assert the_guard(runner).history.to_list()[-1][
-        'grad_norm'
-    ] == pytest.approx(logged)
+    entry = the_guard(runner).history.to_list()[-1]
+    assert entry['grad_norm'] == pytest.approx(logged)
+    assert logged > max_norm
+    # and the gradients were clipped with it: plain SGD moves the weights
+    # by lr * max_norm in norm when the norm is above max_norm
+    last = runner.iter - 1
+    delta = torch.cat(
+        [
+            (a - b).flatten()
+            for a, b in zip(params.after[last], params.before[last])
+        ]
+    )
+    assert float(delta.norm()) == pytest.approx(0.01 * max_norm, rel=1e-2)
 
 
 def test_amp_scaler_skips_are_counted_not_incidents(tmp_path):
@@ -307,13 +311,15 @@ def test_rollback_restores_state_and_backs_off_lr(tmp_path):
     # the snapshot was taken after iteration 1 (start of iteration 2)
     assert same(params.after[1], params.after[3])
     assert tensors_all_finite(runner.optim_wrapper.optimizer.state_dict())
-    # lr: the snapshot's lr (start of iteration 2) times the backoff, then
-    # the scheduler's own factor for the last iteration
+    # lr: LinearLR gives 0.01 * (0.5 + 0.5 * n / 3) after n steps. The
+    # parameter check of step 3 is read before the checkpoint of iteration
+    # 3 is written, after the scheduler's step of iteration 3: the rollback
+    # restores the snapshot (start of iteration 2: n = 1) with its lr times
+    # the backoff, and the scheduler steps once more (iteration 4: n = 2)
     assert g.snapshots[-1].iteration == 2
-    lr_at_2 = 0.01 * (0.5 + 0.5 * 2 / 4)
-    lr_at_3 = lr_at_2 * 0.5 * (0.5 + 0.5 * 3 / 4) / (0.5 + 0.5 * 2 / 4)
+    schedule = [0.01 * (0.5 + 0.5 * n / 3) for n in range(4)]
     assert runner.optim_wrapper.get_lr()['lr'][0] == pytest.approx(
-        lr_at_3 * (0.5 + 0.5 * 4 / 4) / (0.5 + 0.5 * 3 / 4)
+        0.5 * schedule[2]
     )
 
 

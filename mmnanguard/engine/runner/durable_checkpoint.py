@@ -1,0 +1,114 @@
+# Copyright (c) mmnanguard contributors. All rights reserved.
+"""Durable checkpoint files for protected runs.
+
+mmengine 0.10.7 writes a checkpoint with ``LocalBackend.put``, that is
+``open(path, 'wb').write(...)``: a kill or a full disk during the write
+leaves a truncated ``iter_k.pth`` under its final name, which ``--resume``
+then fails to read. :class:`DurableLocalBackend` is the same local backend
+with ``put`` and ``put_text`` going through
+:func:`~.durable_file.write_durable` (temporary file in the same folder,
+``fsync``, ``os.replace``, folder ``fsync``): a checkpoint file is
+complete or absent.
+
+It is registered in mmengine's file-backend registry under
+:data:`BACKEND_NAME` (mmengine's own extension point, nothing of mmengine
+is replaced), and :meth:`NanGuardRunner.save_checkpoint` selects it with
+:func:`durable_backend_args` for every local checkpoint: the ones of
+``CheckpointHook`` (periodic and best), of the preemption save and of any
+other hook that calls ``runner.save_checkpoint``. Remote ``out_dir``\\ s
+(``s3://``, ``petrel://``...), an explicit non-local ``backend_args`` and
+the deprecated ``file_client_args`` are passed on unchanged.
+
+Cost: one ``fsync`` of the checkpoint and one of its folder per save (the
+data is written once, as before; mmengine already holds the whole
+serialized checkpoint in memory before writing it).
+"""
+
+import os.path as osp
+from pathlib import Path
+from typing import Optional, Union
+
+import mmengine
+from mmengine.fileio import LocalBackend, register_backend
+from mmengine.fileio.backends import backends as registered_backends
+
+from .durable_file import write_durable
+
+#: The name of :class:`DurableLocalBackend` in mmengine's backend registry.
+BACKEND_NAME = 'nanguard_durable_local'
+
+
+class DurableLocalBackend(LocalBackend):
+    """mmengine's ``LocalBackend`` whose writes are complete or absent.
+
+    Reads, ``isfile``, ``remove`` and the rest are ``LocalBackend``'s.
+    """
+
+    def put(self, obj: bytes, filepath: Union[str, Path]) -> None:
+        """Write ``obj`` to ``filepath`` durably (folder created if
+        missing).
+
+        Args:
+            obj (bytes): The data.
+            filepath (str | Path): The final file name.
+
+        Raises:
+            DurableWriteError: The write failed; ``filepath`` is unchanged.
+        """
+        filepath = str(filepath)
+        mmengine.mkdir_or_exist(osp.dirname(filepath))
+        write_durable(filepath, obj)
+
+    def put_text(
+        self, obj: str, filepath: Union[str, Path], encoding: str = 'utf-8'
+    ) -> None:
+        """Write the text ``obj`` to ``filepath`` durably.
+
+        Args:
+            obj (str): The text.
+            filepath (str | Path): The final file name.
+            encoding (str): The text encoding. Defaults to ``'utf-8'``.
+        """
+        self.put(obj.encode(encoding), filepath)
+
+
+if BACKEND_NAME not in registered_backends:
+    register_backend(BACKEND_NAME, DurableLocalBackend)
+
+
+def is_local(path: Union[str, Path]) -> bool:
+    """Whether ``path`` is a local path (no ``scheme://`` prefix)."""
+    return '://' not in str(path)
+
+
+def durable_backend_args(
+    out_dir: Union[str, Path],
+    backend_args: Optional[dict] = None,
+    file_client_args: Optional[dict] = None,
+) -> Optional[dict]:
+    """The ``backend_args`` that make ``Runner.save_checkpoint`` durable.
+
+    Args:
+        out_dir (str | Path): The checkpoint folder.
+        backend_args (dict, optional): What the caller passed.
+        file_client_args (dict, optional): What the caller passed
+            (deprecated in mmengine; left to mmengine when set).
+
+    Returns:
+        dict | None: ``{'backend': BACKEND_NAME}`` for a local folder with
+        no backend or the ``'local'`` one; ``backend_args`` unchanged
+        otherwise.
+    """
+    if file_client_args is not None or not is_local(out_dir):
+        return backend_args
+    if backend_args is None or dict(backend_args) == {'backend': 'local'}:
+        return {'backend': BACKEND_NAME}
+    return backend_args
+
+
+__all__ = [
+    'BACKEND_NAME',
+    'DurableLocalBackend',
+    'durable_backend_args',
+    'is_local',
+]

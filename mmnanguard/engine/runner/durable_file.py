@@ -1,0 +1,171 @@
+# Copyright (c) mmnanguard contributors. All rights reserved.
+"""Write a file so that, after any crash, it is complete or absent.
+
+:func:`write_durable` writes the bytes to a temporary file created in the
+same folder (:func:`tempfile.mkstemp`: ``O_CREAT | O_EXCL``, so a link
+planted under that name is never followed), flushes and ``fsync``\\ s it,
+renames it over the final name with :func:`os.replace` (atomic on POSIX;
+a link already at the final name is replaced, not followed) and
+``fsync``\\ s the folder, so that the rename itself survives a power loss.
+A reader sees the old file or the new one, never a part of either; a kill
+at any point leaves at most a temporary file, named
+``.<final name>.<random><TEMP_SUFFIX>``, which :func:`remove_temp_files`
+removes at the next start.
+
+On a write error (a full disk: ``ENOSPC``) the temporary file is removed
+and :class:`DurableWriteError` (an ``OSError`` with the same ``errno``)
+names the file; the file under the final name is unchanged.
+"""
+
+import errno
+import os
+import os.path as osp
+import stat
+import tempfile
+from typing import List, Union
+
+#: The suffix of the temporary files of :func:`write_durable`.
+TEMP_SUFFIX = '.nanguard-tmp'
+
+
+def _current_umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+#: The mode a file written by ``open(path, 'wb')`` gets (``mkstemp`` makes
+#: it 0600); read once at import, while nothing else runs.
+FILE_MODE = 0o666 & ~_current_umask()
+
+
+class DurableWriteError(OSError):
+    """A durable write failed; the file under the final name is unchanged.
+
+    ``errno`` is the one of the failed call (``errno.ENOSPC`` for a full
+    disk).
+    """
+
+
+def fsync_dir(folder: str) -> None:
+    """``fsync`` a folder, so that a rename or removal in it is durable.
+
+    Args:
+        folder (str): The folder.
+    """
+    fd = os.open(folder, os.O_RDONLY | getattr(os, 'O_DIRECTORY', 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_all(fd: int, data: bytes) -> None:
+    """Write every byte of ``data`` to the file descriptor ``fd``.
+
+    Args:
+        fd (int): An open file descriptor.
+        data (bytes): What to write.
+    """
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]
+
+
+def _discard(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def write_durable(path: str, data: Union[bytes, str]) -> None:
+    """Write ``data`` to ``path``: complete or absent, never a part.
+
+    Args:
+        path (str): The final file name. Its folder must exist.
+        data (bytes | str): The content (a str is written as UTF-8).
+
+    Raises:
+        DurableWriteError: A write, ``fsync`` or rename failed (a full
+            disk, a read-only folder); ``path`` is unchanged and no
+            temporary file is left.
+    """
+    if isinstance(data, str):
+        data = data.encode('utf-8')
+    folder = osp.dirname(osp.abspath(path))
+    name = osp.basename(path)
+    try:
+        fd, tmp = tempfile.mkstemp(
+            prefix=f'.{name}.', suffix=TEMP_SUFFIX, dir=folder
+        )
+    except OSError as err:
+        raise _write_error(path, err) from err
+    try:
+        try:
+            os.fchmod(fd, FILE_MODE)
+            write_all(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except OSError as err:
+        _discard(tmp)
+        raise _write_error(path, err) from err
+    except BaseException:  # a KeyboardInterrupt mid-write: no leftover
+        _discard(tmp)
+        raise
+    fsync_dir(folder)
+
+
+def _write_error(path: str, err: OSError) -> DurableWriteError:
+    code = err.errno if err.errno is not None else errno.EIO
+    reason = err.strerror or str(err)
+    return DurableWriteError(
+        code,
+        f'nanguard: cannot write {path!r}: {reason}; the file under that '
+        'name is unchanged and no partial file was left',
+    )
+
+
+def remove_temp_files(folder: str) -> List[str]:
+    """Remove the temporary files that a killed :func:`write_durable` left.
+
+    Only regular files named ``.<name>.<random><TEMP_SUFFIX>`` directly in
+    ``folder`` are removed (links are left alone). Call it only while no
+    other process writes into ``folder`` (at the start of a run).
+
+    Args:
+        folder (str): A folder written by :func:`write_durable`.
+
+    Returns:
+        list[str]: The paths removed.
+    """
+    removed = []
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return removed
+    for name in sorted(names):
+        if not (name.startswith('.') and name.endswith(TEMP_SUFFIX)):
+            continue
+        path = osp.join(folder, name)
+        try:
+            if not stat.S_ISREG(os.lstat(path).st_mode):
+                continue
+            os.unlink(path)
+        except OSError:
+            continue
+        removed.append(path)
+    return removed
+
+
+__all__ = [
+    'DurableWriteError',
+    'TEMP_SUFFIX',
+    'fsync_dir',
+    'remove_temp_files',
+    'write_all',
+    'write_durable',
+]

@@ -1,0 +1,95 @@
+# Copyright (c) mmnanguard contributors. All rights reserved.
+"""``write_durable``: a file is complete or absent, links are not
+followed, a full disk leaves the old file and no temporary one."""
+
+import errno
+import os
+
+import pytest
+
+from mmnanguard.engine.runner import durable_file
+from mmnanguard.engine.runner.durable_file import (
+    TEMP_SUFFIX,
+    DurableWriteError,
+    remove_temp_files,
+    write_durable,
+)
+
+
+def test_writes_and_replaces(tmp_path):
+    path = tmp_path / 'last_checkpoint'
+    write_durable(str(path), 'first')
+    write_durable(str(path), b'second')
+    assert path.read_text() == 'second'
+    assert sorted(os.listdir(tmp_path)) == ['last_checkpoint']
+    # the mode of open(path, 'w'), not mkstemp's 0600
+    umask = os.umask(0)
+    os.umask(umask)
+    assert path.stat().st_mode & 0o777 == 0o666 & ~umask
+
+
+def test_fsyncs_file_and_folder(tmp_path, monkeypatch):
+    synced = []
+    real_fsync = os.fsync
+
+    def fsync(fd):
+        synced.append(os.readlink(f'/proc/self/fd/{fd}'))
+        real_fsync(fd)
+
+    monkeypatch.setattr(durable_file.os, 'fsync', fsync)
+    write_durable(str(tmp_path / 'a.pth'), b'x' * 10)
+    assert len(synced) == 2
+    assert synced[0].endswith(TEMP_SUFFIX)  # the data, before the rename
+    assert synced[1] == str(tmp_path)  # the folder, after it
+
+
+def test_replaces_a_link_instead_of_following_it(tmp_path):
+    outside = tmp_path / 'outside.txt'
+    outside.write_text('keep me')
+    work = tmp_path / 'work'
+    work.mkdir()
+    (work / 'last_checkpoint').symlink_to(outside)
+    write_durable(str(work / 'last_checkpoint'), 'iter_3.pth')
+    assert outside.read_text() == 'keep me'
+    assert not (work / 'last_checkpoint').is_symlink()
+    assert (work / 'last_checkpoint').read_text() == 'iter_3.pth'
+
+
+def test_full_disk_keeps_the_old_file_and_leaves_no_temp(
+    tmp_path, monkeypatch
+):
+    path = tmp_path / 'iter_2.pth'
+    path.write_bytes(b'complete')
+    real_write_all = durable_file.write_all
+
+    def full_disk(fd, data):
+        real_write_all(fd, data[: len(data) // 2])
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(durable_file, 'write_all', full_disk)
+    with pytest.raises(DurableWriteError) as info:
+        write_durable(str(path), b'new content')
+    assert info.value.errno == errno.ENOSPC
+    assert isinstance(info.value, OSError)
+    assert str(path) in str(info.value) and 'nanguard:' in str(info.value)
+    assert path.read_bytes() == b'complete'
+    assert os.listdir(tmp_path) == ['iter_2.pth']
+
+
+def test_remove_temp_files_only_removes_ours(tmp_path):
+    ours = tmp_path / f'.iter_3.pth.abc123{TEMP_SUFFIX}'
+    ours.write_bytes(b'half')
+    kept = [
+        tmp_path / 'iter_3.pth',
+        tmp_path / '.hidden',
+        tmp_path / f'not_hidden{TEMP_SUFFIX}',
+    ]
+    for path in kept:
+        path.write_bytes(b'x')
+    target = tmp_path / 'target'
+    target.write_bytes(b'x')
+    link = tmp_path / f'.link{TEMP_SUFFIX}'
+    link.symlink_to(target)
+    assert remove_temp_files(str(tmp_path)) == [str(ours)]
+    assert all(path.exists() for path in kept)
+    assert link.is_symlink() and target.exists()
