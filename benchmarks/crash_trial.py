@@ -442,7 +442,7 @@ def _checkpoint_digests(path: str) -> Dict[str, str]:
 
 
 def _loads(path: str) -> bool:
-    from mmnanguard.engine.runner.checkpoint_verify import checkpoint_problem
+    from mmnanguard.fileio.checkpoint_verify import checkpoint_problem
 
     return checkpoint_problem(path, load=True) is None
 

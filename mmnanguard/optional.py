@@ -173,7 +173,7 @@ def missing_attribute(
 
 def _named_packages(cfg: Any) -> Iterable[Tuple[str, str]]:
     """``(where, package)`` for each scope or scoped type in ``cfg``."""
-    from mmnanguard.analysis.config_walk import iter_typed_configs
+    from mmnanguard.config_walk import iter_typed_configs
 
     if not isinstance(cfg, dict) and hasattr(cfg, 'to_dict'):
         cfg = cfg.to_dict()  # an mmengine Config

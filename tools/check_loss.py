@@ -28,13 +28,13 @@ from mmnanguard.analysis.cli import (
     load_config,
     usage_error,
 )
-from mmnanguard.analysis.config_walk import build_in_scope, unresolved_losses
 from mmnanguard.analysis.loss_battery import (
     KINDS,
     check_config_losses,
     check_loss_config,
     format_table,
 )
+from mmnanguard.config_walk import build_in_scope, unresolved_losses
 
 EXIT_FAILED = 1
 PROG = 'tools/check_loss.py'

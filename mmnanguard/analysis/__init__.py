@@ -2,7 +2,7 @@
 """Checks to run before training: a stress test for loss modules
 (:mod:`.loss_battery`) and a config doctor (:mod:`.doctor`)."""
 
-from .config_walk import (
+from mmnanguard.config_walk import (
     LossEntry,
     build_in_scope,
     find_loss_configs,

@@ -5,9 +5,9 @@ from typing import Optional, Union
 
 import torch.nn as nn
 
-from mmnanguard.analysis.config_walk import build_in_scope
 from mmnanguard.analysis.loss_battery import check_module
 from mmnanguard.analysis.loss_battery.table import format_number
+from mmnanguard.config_walk import build_in_scope
 
 
 def assert_loss_stable(

@@ -8,7 +8,6 @@ import pytest
 import torch
 import torch.nn as nn
 
-from mmnanguard.analysis.config_walk import build_in_scope
 from mmnanguard.analysis.loss_battery import (
     battery_cases,
     check_loss_config,
@@ -16,6 +15,7 @@ from mmnanguard.analysis.loss_battery import (
     run_battery,
     run_case,
 )
+from mmnanguard.config_walk import build_in_scope
 
 
 def _result(results, name):

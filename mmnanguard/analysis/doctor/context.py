@@ -11,7 +11,7 @@ import torch.nn as nn
 from mmengine.config import Config
 from mmengine.registry import OPTIM_WRAPPERS, OPTIMIZERS
 
-from ..config_walk import (
+from mmnanguard.config_walk import (
     LossEntry,
     build_in_scope,
     find_loss_configs,

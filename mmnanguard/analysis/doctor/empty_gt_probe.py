@@ -10,7 +10,7 @@ import torch.nn as nn
 from mmengine.registry import DefaultScope
 from mmengine.structures import InstanceData
 
-from ..config_walk import build_in_scope
+from mmnanguard.config_walk import build_in_scope
 
 _SIZE = 256
 

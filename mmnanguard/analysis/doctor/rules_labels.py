@@ -9,9 +9,13 @@ import mmcv
 import numpy as np
 from mmengine.registry import DATASETS, MODELS
 
+from mmnanguard.config_walk import (
+    build_in_scope,
+    is_loss_class,
+    iter_typed_configs,
+)
 from mmnanguard.optional import is_available
 
-from ..config_walk import build_in_scope, is_loss_class, iter_typed_configs
 from .context import DoctorContext, default_of
 from .finding import Finding
 

@@ -7,7 +7,8 @@ from typing import List
 from mmengine.registry import MODELS, TASK_UTILS
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from ..config_walk import iter_typed_configs
+from mmnanguard.config_walk import iter_typed_configs
+
 from ..loss_battery.dropins import (
     SAFE_MODULES_INCLUDE,
     SWAPPED_BY_RUNNER,

@@ -8,7 +8,8 @@ from typing import Any, Dict, List, Optional
 
 import torch.nn as nn
 
-from ..config_walk import build_in_scope, find_loss_configs
+from mmnanguard.config_walk import build_in_scope, find_loss_configs
+
 from .dropins import drop_in_config
 from .kinds import infer_kind
 from .runner import CaseResult, battery_cases, run_case

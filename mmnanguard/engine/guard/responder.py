@@ -3,9 +3,10 @@
 snapshots, the policy (skip, rollback, raise), the lr backoff, and the
 incident event its listeners receive."""
 
-import os.path as osp
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple
+
+from mmnanguard.fileio import LOAD_ERRORS, verified_checkpoints
 
 from ..incident import IncidentKind, IncidentRecorder, describe
 from .exceptions import (
@@ -119,7 +120,8 @@ class GuardResponder:
         self.last_report = None
         #: The snapshot the last rollback (or raise) restored.
         self.last_restored: Optional[TrainingSnapshot] = None
-        self.last_good_checkpoint: Optional[str] = None
+        self._tried_checkpoints: Set[str] = set()
+        self._work_dir = ''
         self.recorder: Optional[IncidentRecorder] = None
         self.step_guard: Optional[StepGuard] = None
         self._base_lr: Optional[float] = None
@@ -131,6 +133,7 @@ class GuardResponder:
         checked with the first step's read)."""
         self.step_guard = step_guard
         self.recorder = recorder
+        self._work_dir = runner.work_dir
         self._base_lr = first_lr(runner)
         self.snapshots.add(TrainingSnapshot.capture(runner), pending=True)
         step_guard.check_initial_params(self._all_params(runner))
@@ -240,7 +243,7 @@ class GuardResponder:
                 nonfinite_tensors=bad[:50],
             )
             write_runner_state(runner, checkpoint)  # the restored state
-        self.last_good_checkpoint = runner.message_hub.get_info('last_ckpt')
+        self._tried_checkpoints.clear()  # a new known-good state
         checkpoint['nanguard'] = self.state_dict()
         self._ckpt_lr_multipliers[
             checkpoint.get('meta', {}).get('iter', -1)
@@ -384,13 +387,20 @@ class GuardResponder:
 
     # -- state -------------------------------------------------------------
     def _rollback_source(self) -> Optional[str]:
-        if (
-            self.settings.rollback_source == 'checkpoint'
-            and self.last_good_checkpoint
-            and osp.isfile(self.last_good_checkpoint)
+        if self.settings.rollback_source == 'checkpoint' and (
+            self._untried_checkpoints()
         ):
-            return self.last_good_checkpoint
+            return 'checkpoint'
         return 'memory' if self.snapshots else None
+
+    def _untried_checkpoints(self) -> List[str]:
+        """Checkpoints that finished and verify, newest first, less those a
+        rollback already restored since the last checkpoint was written
+        (restoring one again would repeat the failure)."""
+        if self.recorder is None:
+            return []
+        found = verified_checkpoints(self._work_dir)
+        return [p for p in found if p not in self._tried_checkpoints]
 
     def _take_snapshot(self, runner, iteration: int) -> None:
         """Snapshot the state in which iteration ``iteration`` starts; it is
@@ -401,13 +411,33 @@ class GuardResponder:
         pending = self.step_guard.pending_params_check() is not None
         self.snapshots.add(snapshot, pending=pending)
 
+    def _checkpoint_state(self, runner) -> Optional[TrainingSnapshot]:
+        """The newest untried checkpoint that loads, or None (each one that
+        does not is logged and skipped)."""
+        for path in self._untried_checkpoints():
+            self._tried_checkpoints.add(path)
+            try:
+                return TrainingSnapshot.from_checkpoint(runner, path)
+            except LOAD_ERRORS as err:
+                runner.logger.warning(
+                    f'nanguard: cannot roll back to {path}: '
+                    f'{type(err).__name__}: {err}; trying an older one'
+                )
+        return None
+
     def _rollback(self, runner) -> None:
-        source = self._rollback_source()
-        state = (
-            self.snapshots.for_rollback()
-            if source == 'memory'
-            else TrainingSnapshot.from_checkpoint(runner, source)
-        )
+        state = None
+        if self.settings.rollback_source == 'checkpoint':
+            state = self._checkpoint_state(runner)
+            if state is None:
+                runner.logger.warning(
+                    'nanguard: no complete checkpoint that loads (and was '
+                    'not restored already) is in '
+                    f'{self._work_dir}; rolling back to the in-memory '
+                    'snapshot'
+                )
+        if state is None:
+            state = self.snapshots.for_rollback()
         state.restore(runner)
         self.last_restored = state
         self.snapshots.pending = None

@@ -85,6 +85,11 @@ class StepGuard:
         self.spike_detector = spike_detector
         self.param_check_interval = param_check_interval
         self.vetoes: List[Veto] = []
+        #: Host flags that travel in the read (and its ``all_reduce``):
+        #: ``name -> callable returning this rank's bool``; the verdict's
+        #: ``votes[name]`` is True when any rank's was (e.g. a preemption
+        #: signal).
+        self.votes: Dict[str, Callable[[], bool]] = {}
         self.iteration = -1
         self.outcome = IterationOutcome()
         #: Force a parameter check after this iteration's step (a snapshot
@@ -227,6 +232,15 @@ class StepGuard:
                 add('spike_flags', check.flags)
                 add('spike_values', check.values)
                 add('spike_refs', check.references)
+        names = list(self.votes)
+        if names:
+            add(
+                'votes',
+                [
+                    torch.full((), float(bool(self.votes[n]())), device=device)
+                    for n in names
+                ],
+            )
         if dist.get_world_size() > 1:
             votes = [
                 _as(loss_bad, device),
@@ -235,7 +249,9 @@ class StepGuard:
                 check.flags.any().to(dtype) if check is not None else zero,
                 _as(amp_state[0], device) if amp_state is not None else zero,
             ]
-            agreed = torch.stack(votes)
+            if names:
+                votes.append(parts[-1].reshape(-1).to(dtype))
+            agreed = torch.cat([v.reshape(-1) for v in votes])
             dist.all_reduce(agreed, op='sum')
             add('agreed', agreed)
         host = torch.cat([p.reshape(-1) for p in parts]).tolist()
@@ -294,9 +310,13 @@ class StepGuard:
                 self.spike_detector.settings.factor,
             )
             verdict.spike_acts = self.spike_detector.acts
+        votes = part('votes')
         agreed = part('agreed')
+        if agreed is not None and votes is not None:
+            votes = agreed[5:]
+        verdict.votes = {n: bool(v) for n, v in zip(self.votes, votes or [])}
         if agreed is not None:
-            a_loss, a_grad, a_params, a_spike, a_inf = agreed
+            a_loss, a_grad, a_params, a_spike, a_inf = agreed[:5]
             verdict.loss_finite = not a_loss
             if verdict.loss_bad_iteration is None and a_loss:
                 verdict.loss_bad_iteration = self.iteration

@@ -81,6 +81,8 @@ class StepVerdict:
     local_grad_finite: bool = True
     local_params_finite: Optional[bool] = None
     veto: Optional[str] = None
+    #: The step guard's votes, agreed by all ranks (``StepGuard.votes``).
+    votes: Dict[str, bool] = field(default_factory=dict)
     #: ``(found_inf, scale, growth tracker)`` read from the GradScaler.
     amp_raw: Optional[tuple] = None
     #: Per-parameter gradient norms (device, before clipping), read only

@@ -30,8 +30,8 @@ class NanDiagnosisHook(Hook):
 
     In ``before_train`` the hook finds the runner's :class:`NanGuardHook`
     and subscribes to its incident events (:meth:`NanGuardHook.subscribe`).
-    Nothing else runs while training is healthy: no module carries a hook and no stage of
-    this hook is called per iteration.
+    Nothing else runs while training is healthy: no module carries a hook
+    and no stage of this hook is called per iteration.
 
     On every distinct incident, up to ``max_diagnoses`` (an incident is
     distinct when its samples, kind or live stage differ from one already

@@ -1,11 +1,12 @@
 # Copyright (c) mmnanguard contributors. All rights reserved.
-from .checkpoint_verify import (
+from mmnanguard.fileio.checkpoint_verify import (
     LOAD_ERRORS,
     checkpoint_problem,
     verified_checkpoints,
 )
+from mmnanguard.fileio.durable_file import DurableWriteError, write_durable
+
 from .durable_checkpoint_hook import DurableCheckpointHook
-from .durable_file import DurableWriteError, write_durable
 from .model_facts import ModelFacts, facts_from_config, read_model_facts
 from .nanguard_runner import NanGuardRunner
 from .preemption import EXIT_PREEMPTED, PreemptionHook, TrainingPreempted

@@ -23,9 +23,13 @@ from mmengine.dist import broadcast_object_list, is_main_process
 from mmengine.hooks import CheckpointHook
 from mmengine.logging import print_log
 
-from .checkpoint_verify import is_local_path, truncation_problem
+from mmnanguard.fileio.checkpoint_verify import (
+    is_local_path,
+    truncation_problem,
+)
+from mmnanguard.fileio.durable_file import remove_temp_files
+
 from .durable_checkpoint_hook import DurableCheckpointHook
-from .durable_file import remove_temp_files
 from .preemption import PreemptionHook, PreemptionSignals
 from .resume_choice import UnusableCheckpointError, choose_resume_checkpoint
 

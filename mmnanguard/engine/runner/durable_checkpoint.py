@@ -32,7 +32,7 @@ import mmengine
 from mmengine.fileio import LocalBackend, register_backend
 from mmengine.fileio.backends import backends as registered_backends
 
-from .durable_file import write_durable
+from mmnanguard.fileio.durable_file import write_durable
 
 #: The name of :class:`DurableLocalBackend` in mmengine's backend registry.
 BACKEND_NAME = 'nanguard_durable_local'

@@ -38,7 +38,7 @@ from typing import List, Optional
 from mmengine.dist import is_main_process
 from mmengine.hooks import CheckpointHook
 
-from .durable_file import write_durable
+from mmnanguard.fileio.durable_file import write_durable
 
 
 class DurableCheckpointHook(CheckpointHook):

@@ -202,8 +202,21 @@ class PreemptionHook(Hook):
             if self._agreed():
                 self._stop(runner, epoch_end=True)
 
+    def before_train(self, runner) -> None:
+        """Let the guard's step read carry the signal flag (under
+        ``torch.distributed`` it joins the guard's one ``all_reduce``)."""
+        self._guard = _step_guard(runner)
+        if self._guard is not None:
+            self._guard.votes[VOTE] = lambda: self.signals.received is not None
+
     def _agreed(self) -> bool:
         flag = self.signals.received is not None
+        guard = getattr(self, '_guard', None)
+        if guard is not None and VOTE in guard.votes:
+            # the vote of this iteration's step, agreed by all ranks; an
+            # iteration without a step (gradient accumulation) waits
+            verdicts = guard.outcome.verdicts
+            return any(v.votes.get(VOTE) for v in verdicts)
         if get_world_size() > 1:
             value = torch.tensor([1.0 if flag else 0.0])
             all_reduce(value, op='max')
@@ -225,6 +238,19 @@ class PreemptionHook(Hook):
         )
         runner.logger.log(logging.WARNING, message)
         raise TrainingPreempted(message, name, path, done)
+
+
+#: The name of the signal flag among the step guard's votes.
+VOTE = 'preemption'
+
+
+def _step_guard(runner) -> Any:
+    """The ``StepGuard`` of the runner's ``NanGuardHook``, or None."""
+    for hook in runner.hooks:
+        guard = getattr(hook, 'step_guard', None)
+        if guard is not None and hasattr(guard, 'votes'):
+            return guard
+    return None
 
 
 def save_preemption_checkpoint(runner, epoch_end: bool) -> str:

@@ -31,7 +31,7 @@ import os.path as osp
 from dataclasses import dataclass, field
 from typing import List, Optional, Tuple
 
-from .checkpoint_verify import (
+from mmnanguard.fileio.checkpoint_verify import (
     candidate_checkpoints,
     checkpoint_problem,
     read_last_checkpoint,

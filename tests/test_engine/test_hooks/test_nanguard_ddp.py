@@ -64,7 +64,7 @@ def _worker(rank, world_size, port, work_dir, data_root, policy, fault):
             dict(
                 iter=runner.iter,
                 counters=guard.counters,
-                report=guard.last_report,
+                report=guard.last_report.to_dict(),
                 checksum=checksum,
             ),
             f,
@@ -96,9 +96,9 @@ def test_fault_on_rank1_both_ranks_agree(
         assert report['action'] == policy
         assert report['world_size'] == 2
     assert results[1]['report']['local_fault'] is True
-    # a non-finite loss stays on its rank (backward is skipped everywhere
-    # before DDP communicates); NaN gradients reach every rank through DDP's
-    # gradient all-reduce
+    # a non-finite loss term (+inf, a constant: its gradients are finite)
+    # stays on its rank and reaches the others through the guard's vote;
+    # NaN gradients reach every rank through DDP's gradient all-reduce
     assert results[0]['report']['local_fault'] is (fault == 'nan_grad')
     assert results[0]['counters'] == results[1]['counters']
     # the replicas are still identical: nobody stepped alone

@@ -3,6 +3,7 @@
 policy, counters in the logs and in checkpoints, poisoned checkpoints."""
 
 import glob
+import os
 import json
 import os.path as osp
 
@@ -429,6 +430,59 @@ def test_rollback_from_last_good_checkpoint(tmp_path):
     # iteration 3 ended on the checkpoint of iteration 2 (after 2 steps)
     assert torch.equal(params.after[3][0], ckpt['state_dict']['a.weight'])
     assert restored['a.weight'].isfinite().all()
+
+
+class Truncate(Hook):
+    """Cut checkpoints short on disk before ``iteration`` (a kill or a full
+    disk in the middle of their write)."""
+
+    def __init__(self, iteration, names):
+        self.iteration, self.names = iteration, names
+
+    def before_train_iter(self, runner, batch_idx, data_batch=None):
+        if runner.iter == self.iteration:
+            for name in self.names:
+                path = osp.join(runner.work_dir, name)
+                with open(path, 'r+b') as f:
+                    f.truncate(os.path.getsize(path) // 2)
+
+
+@pytest.mark.parametrize(
+    'truncated, restored_from',
+    [(['iter_4.pth'], 'iter_2.pth'), (['iter_2.pth', 'iter_4.pth'], None)],
+)
+def test_rollback_skips_a_truncated_checkpoint(
+    tmp_path, truncated, restored_from
+):
+    runner = Runner(
+        **toy_runner_cfg(
+            str(tmp_path),
+            custom_hooks=[
+                fault('nan_optimizer_state', 5),
+                guard(
+                    policy='rollback',
+                    rollback_source='checkpoint',
+                    snapshot_interval=3,
+                ),
+            ],
+        )
+    )
+    runner.register_hook(Truncate(5, truncated))
+    runner.train()
+    g = the_guard(runner)
+    assert g.counters['rollbacks'] == 1
+    log = open(glob.glob(osp.join(str(tmp_path), '*', '*.log'))[0]).read()
+    # a truncated file never verifies, so it is never a candidate
+    if restored_from is None:  # nothing loads: the memory snapshot
+        assert 'rolling back to the in-memory snapshot' in log
+        assert g.last_restored.source == 'memory'
+        assert g.last_restored.iteration == 3
+    else:
+        assert g.last_restored.source == osp.join(
+            str(tmp_path), restored_from
+        )
+        assert g.last_restored.iteration == 2
+    assert all(p.isfinite().all() for p in runner.model.parameters())
 
 
 def test_max_incidents_bounds_folders(tmp_path):

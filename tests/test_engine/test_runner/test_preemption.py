@@ -87,6 +87,7 @@ def test_preemption_hook_stages():
     assert sorted(hook.get_triggered_stages()) == [
         'after_train_epoch',
         'after_train_iter',
+        'before_train',
     ]
     assert EXIT_PREEMPTED == 4
 

@@ -18,7 +18,7 @@ from mmnanguard.engine.runner import (
     choose_resume_checkpoint,
     verified_checkpoints,
 )
-from mmnanguard.engine.runner.checkpoint_verify import truncation_problem
+from mmnanguard.fileio.checkpoint_verify import truncation_problem
 from mmnanguard.testing.toy import toy_runner_cfg
 
 PROTECTION = dict(

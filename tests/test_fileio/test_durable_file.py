@@ -7,8 +7,8 @@ import os
 
 import pytest
 
-from mmnanguard.engine.runner import durable_file
-from mmnanguard.engine.runner.durable_file import (
+from mmnanguard.fileio import durable_file
+from mmnanguard.fileio.durable_file import (
     TEMP_SUFFIX,
     DurableWriteError,
     remove_temp_files,
