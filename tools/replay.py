@@ -19,10 +19,10 @@ evidence and the remedy are printed as Markdown.
 An incident folder is data, never code. ``report.json`` is JSON;
 ``batch.pth`` and ``model.pth`` are loaded with ``weights_only=True`` and
 an exact allowlist (tensors, numpy arrays, the OpenMMLab data classes; see
-:func:`mmnanguard.engine.incident.folder.load_batch`), and a file that
+:func:`mmnanguard.engine.incident.load_batch`), and a file that
 holds anything else is refused, naming it. A folder that is a link or
 holds a link is refused, and ``--write`` writes nothing through a link
-(:func:`mmnanguard.engine.incident.folder.write_incident_file`). The
+(:func:`mmnanguard.engine.incident.write_incident_file`). The
 folder's ``config.py`` is Python: loading it runs it. It is used only
 with ``--trust-config``, for folders you wrote yourself; ``--config``
 naming a file inside the folder counts as the folder's config.
@@ -60,7 +60,7 @@ from mmnanguard.engine.diagnosis import (
     render_markdown,
     write_diagnosis,
 )
-from mmnanguard.engine.incident.folder import (
+from mmnanguard.engine.incident import (
     CONFIG_NAME,
     MODEL_NAME,
     REPORT_NAME,

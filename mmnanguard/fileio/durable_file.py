@@ -22,7 +22,7 @@ import os
 import os.path as osp
 import stat
 import tempfile
-from typing import List, Union
+from typing import List, Optional, Union
 
 #: The suffix of the temporary files of :func:`write_durable`.
 TEMP_SUFFIX = '.nanguard-tmp'
@@ -73,9 +73,16 @@ def write_all(fd: int, data: bytes) -> None:
         view = view[written:]
 
 
-def _discard(path: str) -> None:
+def discard(path: str, dir_fd: Optional[int] = None) -> None:
+    """Remove a temporary file; one that is already gone is no error.
+
+    Args:
+        path (str): The file (relative to ``dir_fd`` when given).
+        dir_fd (int, optional): A descriptor of the folder ``path`` is
+            relative to. Defaults to None (``path`` as it is).
+    """
     try:
-        os.unlink(path)
+        os.unlink(path, dir_fd=dir_fd)
     except FileNotFoundError:
         pass
 
@@ -111,10 +118,10 @@ def write_durable(path: str, data: Union[bytes, str]) -> None:
             os.close(fd)
         os.replace(tmp, path)
     except OSError as err:
-        _discard(tmp)
+        discard(tmp)
         raise _write_error(path, err) from err
     except BaseException:  # a KeyboardInterrupt mid-write: no leftover
-        _discard(tmp)
+        discard(tmp)
         raise
     fsync_dir(folder)
 
@@ -164,6 +171,7 @@ def remove_temp_files(folder: str) -> List[str]:
 __all__ = [
     'DurableWriteError',
     'TEMP_SUFFIX',
+    'discard',
     'fsync_dir',
     'remove_temp_files',
     'write_all',

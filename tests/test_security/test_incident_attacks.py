@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from mmnanguard.engine.diagnosis import NotAnIncidentError, load_incident
-from mmnanguard.engine.incident.folder import UntrustedIncidentError
+from mmnanguard.engine.incident import UntrustedIncidentError
 from mmnanguard.testing.tiny_configs import MIM_ROOT
 
 sys.path.insert(0, osp.join(MIM_ROOT, 'tools'))

@@ -19,7 +19,7 @@ import torch
 from mmengine.structures import InstanceData
 
 from mmnanguard.engine.diagnosis.report_md import render_markdown
-from mmnanguard.engine.incident.folder import (
+from mmnanguard.engine.incident import (
     IncidentRecorder,
     NotAnIncidentError,
     UnsafeIncidentFolderError,

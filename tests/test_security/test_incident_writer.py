@@ -5,7 +5,7 @@ import torch
 from mmengine.structures import InstanceData
 
 from mmnanguard.engine.diagnosis import load_incident
-from mmnanguard.engine.incident.folder import IncidentRecorder, replay_refusal
+from mmnanguard.engine.incident import IncidentRecorder, replay_refusal
 
 
 class Stranger:

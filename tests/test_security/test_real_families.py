@@ -23,7 +23,7 @@ from mmengine.runner.checkpoint import CheckpointLoader
 
 from mmnanguard.compat import checkpoint_allowlist
 from mmnanguard.engine.diagnosis import load_incident
-from mmnanguard.engine.incident.folder import (
+from mmnanguard.engine.incident import (
     check_batch_globals,
     incident_batch_globals,
 )

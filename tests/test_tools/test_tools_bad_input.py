@@ -106,7 +106,7 @@ def test_bad_input_exits_2_in_one_paragraph(
 
 
 def test_replay_names_a_config_that_is_not_one(tools, notes, tmp_path, capsys):
-    from mmnanguard.engine.incident.folder import IncidentRecorder
+    from mmnanguard.engine.incident import IncidentRecorder
 
     folder = IncidentRecorder(str(tmp_path), 5, 0, 1).record(
         dict(iteration=1, kind='nonfinite_loss'),

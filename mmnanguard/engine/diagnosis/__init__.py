@@ -1,7 +1,7 @@
 # Copyright (c) mmnanguard contributors. All rights reserved.
 """Diagnosis of incidents: replay, data checks, classification, reports."""
 
-from ..incident.folder import NotAnIncidentError, load_incident
+from ..incident import NotAnIncidentError, load_incident
 from .batch_checks import check_batch, model_classes
 from .classify import CAUSES, classify
 from .diagnose import diagnose, write_diagnosis

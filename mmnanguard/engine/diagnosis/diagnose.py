@@ -9,7 +9,7 @@ from typing import Any, Dict, List, Optional
 import torch
 from torch import nn
 
-from ..incident.folder import write_report_json
+from ..incident import write_report_json
 from .batch_checks import check_batch, model_classes
 from .classify import classify
 from .drop_ins import box_coders, loss_modules, module_entry

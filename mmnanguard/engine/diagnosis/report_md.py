@@ -10,7 +10,7 @@ term's name, ...) stays inside its line, whoever wrote the file.
 import os.path as osp
 from typing import Any, Dict, List
 
-from ..incident.folder import write_incident_file
+from ..incident import write_incident_file
 
 REPORT_MD = 'report.md'
 

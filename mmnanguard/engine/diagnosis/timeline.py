@@ -5,7 +5,7 @@ import math
 import textwrap
 from typing import Any, Dict, List, Optional
 
-from ..incident.folder import write_incident_file
+from ..incident import write_incident_file
 
 TIMELINE_PNG = 'timeline.png'
 

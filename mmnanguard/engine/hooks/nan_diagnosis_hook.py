@@ -15,7 +15,7 @@ from ..diagnosis.distinct import DiagnosisLog
 from ..diagnosis.report_md import write_repeat_markdown
 from ..guard.finite import nonfinite_paths
 from ..guard.incident_event import IncidentEvent
-from ..incident.folder import (
+from ..incident import (
     CONFIG_NAME,
     MODEL_NAME,
     write_incident_file,

@@ -2,41 +2,75 @@
 """Incidents: their kinds, their report and their folder on disk.
 
 This package sits at the bottom of mmnanguard's import graph: it imports
-nothing from :mod:`mmnanguard.engine.guard`, ``.diagnosis``, ``.hooks`` or
-``.optimizers``; they import from it.
+nothing from :mod:`mmnanguard.engine.guard`, ``.diagnosis``, ``.hooks``,
+``.optimizers`` or ``.runner``; they import from it.
+
+* :mod:`.names`: the file and folder names, the errors;
+* :mod:`.safe_write`: writes relative to a folder descriptor, never
+  through a link, complete or absent;
+* :mod:`.recorder`: the folders written during training;
+* :mod:`.loading` and :mod:`.allowlist`: reading a folder back as data.
 """
 
-from .folder import (
-    IncidentRecorder,
+from .allowlist import (
+    check_batch_globals,
+    check_data_elements,
+    incident_batch_globals,
+    load_batch,
+    load_model_state,
+    replay_refusal,
+)
+from .kinds import IncidentKind
+from .loading import (
+    check_report,
+    linked_entries,
+    load_incident,
+    load_report,
+    refuse_links,
+)
+from .names import (
+    BATCH_NAME,
+    CONFIG_NAME,
+    DISCARDED_NAME,
+    INCIDENT_DIR_RE,
+    MODEL_NAME,
+    REPORT_NAME,
     NotAnIncidentError,
     UnsafeIncidentFolderError,
     UntrustedIncidentError,
-    load_batch,
-    load_incident,
-    load_model_state,
-    load_report,
-    mark_discarded,
-    replay_refusal,
-    write_incident_file,
-    write_report_json,
+    parse_folder_name,
 )
-from .kinds import IncidentKind
+from .recorder import IncidentRecorder, mark_discarded
 from .report import IncidentReport, describe, json_number
+from .safe_write import write_incident_file, write_report_json
 
 __all__ = [
+    'BATCH_NAME',
+    'CONFIG_NAME',
+    'DISCARDED_NAME',
+    'INCIDENT_DIR_RE',
+    'MODEL_NAME',
+    'REPORT_NAME',
     'IncidentKind',
     'IncidentRecorder',
     'IncidentReport',
     'NotAnIncidentError',
     'UnsafeIncidentFolderError',
     'UntrustedIncidentError',
+    'check_batch_globals',
+    'check_data_elements',
+    'check_report',
     'describe',
+    'incident_batch_globals',
     'json_number',
+    'linked_entries',
     'load_batch',
     'load_incident',
     'load_model_state',
     'load_report',
     'mark_discarded',
+    'parse_folder_name',
+    'refuse_links',
     'replay_refusal',
     'write_incident_file',
     'write_report_json',

@@ -25,8 +25,10 @@ from mmnanguard.engine.diagnosis.explosion import loss_growth, lr_off_schedule
 from mmnanguard.engine.diagnosis.magnitude import first_out_of_range
 from mmnanguard.engine.guard.input_check import batch_tensors, finite_flag
 from mmnanguard.engine.guard.scheduled_lr import ScheduledLr
+from mmnanguard.engine.guard.spike_detector import Spike
 from mmnanguard.engine.guard.stage import live_stage
-from mmnanguard.engine.guard.step_guard import IterationRecord, StepGuard
+from mmnanguard.engine.guard.step_guard import StepGuard
+from mmnanguard.engine.guard.verdict import StepVerdict
 from mmnanguard.testing.toy import ToyModel
 
 
@@ -143,40 +145,57 @@ def test_input_flag_is_read_with_the_loss_check(where):
     flag = finite_flag(batch_tensors(data))
     assert flag.dim() == 0 and bool(flag) is (where is None)
     guard = StepGuard({})
-    guard.record.inputs_flag = flag
-    assert guard.loss_is_finite(torch.tensor(1.5))  # the loss is finite
-    assert guard.record.inputs_finite is (where is None)
+    guard.begin_iteration(0)
+    guard.note_inputs(flag)
+    owner = object()
+    guard.note_loss(owner, torch.tensor(1.5))  # the loss is finite
+    verdict = guard.read(owner, [])  # the flag travels in the step's read
+    assert verdict.loss_finite
+    assert verdict.inputs_finite is (where is None)
     assert finite_flag(batch_tensors(dict(inputs=[]))) is None
 
 
 @pytest.mark.parametrize(
-    'kind, record, stage',
+    'kind, verdict, stage',
     [
         (
             'nonfinite_loss',
-            dict(loss_nonfinite=True, inputs_finite=False),
+            dict(loss_finite=False, inputs_finite=False),
             'data',
         ),
         (
             'nonfinite_loss',
-            dict(loss_nonfinite=True, inputs_finite=True),
+            dict(loss_finite=False, inputs_finite=True),
             'loss',
         ),
         (
             'nonfinite_grad',
-            dict(grad_nonfinite=True, grad_norm=float('nan')),
+            dict(grad_finite=False, grad_norm=float('nan')),
             'backward',
         ),
-        ('nonfinite_params', dict(inputs_finite=True), 'optimizer'),
+        # the parameter check is read with the next step, whose inputs
+        # are not those of the bad step
+        ('nonfinite_params', dict(inputs_finite=False), 'optimizer'),
         ('nonfinite_checkpoint', dict(), 'checkpoint'),
-        ('grad_spike', dict(veto='x', veto_stage='grad'), 'backward'),
+        (
+            'grad_spike',
+            dict(spikes=[Spike('grad', 'grad_norm', 50.0, 1.0, 10.0)]),
+            'backward',
+        ),
+        (
+            'loss_spike',
+            dict(spikes=[Spike('loss', 'loss_a', 50.0, 1.0, 10.0)]),
+            'loss',
+        ),
     ],
 )
-def test_live_stage_from_the_guard_evidence(kind, record, stage):
-    found = live_stage(kind, IterationRecord(**record))
+def test_live_stage_from_the_guard_evidence(kind, verdict, stage):
+    found = live_stage(kind, StepVerdict(iteration=3, **verdict))
     assert found['stage'] == stage and found['live']['stage'] == stage
     if kind == 'nonfinite_grad':
         assert found['live']['grad_norm'] == 'nan'  # JSON-safe
+    if kind.endswith('spike'):
+        assert 'x running max 1' in found['live']['text']
 
 
 def test_loss_modules_are_found_in_the_built_model():

@@ -3,8 +3,8 @@
 policy, counters in the logs and in checkpoints, poisoned checkpoints."""
 
 import glob
-import os
 import json
+import os
 import os.path as osp
 
 import pytest

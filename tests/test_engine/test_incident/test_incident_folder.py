@@ -17,17 +17,17 @@ import pytest
 import torch
 from mmengine.logging import MMLogger
 
-from mmnanguard.engine.incident import IncidentKind
-from mmnanguard.engine.incident import folder as incident_folder
-from mmnanguard.engine.incident.folder import (
+from mmnanguard.engine.incident import (
     BATCH_NAME,
     DISCARDED_NAME,
     REPORT_NAME,
+    IncidentKind,
     IncidentRecorder,
     NotAnIncidentError,
     load_incident,
     load_report,
     mark_discarded,
+    safe_write,
     write_incident_file,
 )
 
@@ -110,9 +110,9 @@ def test_rename_never_replaces_an_existing_folder(tmp_path):
     os.makedirs(osp.join(root, 'dst'))
     fd = os.open(root, os.O_RDONLY)
     try:
-        assert not incident_folder._rename_noreplace(fd, 'src', 'dst')
+        assert not safe_write.rename_noreplace(fd, 'src', 'dst')
         assert os.listdir(osp.join(root, 'dst')) == []
-        assert incident_folder._rename_noreplace(fd, 'src', 'fresh')
+        assert safe_write.rename_noreplace(fd, 'src', 'fresh')
     finally:
         os.close(fd)
     assert os.listdir(osp.join(root, 'fresh')) == ['f']
@@ -282,7 +282,7 @@ KILL_SCRIPT = textwrap.dedent(
     """
     import os, sys, time
     import torch
-    from mmnanguard.engine.incident.folder import IncidentRecorder
+    from mmnanguard.engine.incident import IncidentRecorder
 
     work_dir, marker, point = sys.argv[1:4]
 

@@ -18,12 +18,12 @@ from mmnanguard.engine.runner import (
     PreemptionHook,
     durable_checkpoint,
     durable_checkpoint_hook,
-    durable_file,
 )
 from mmnanguard.engine.runner.durable_checkpoint import (
     BACKEND_NAME,
     durable_backend_args,
 )
+from mmnanguard.fileio import durable_file
 from mmnanguard.testing.toy import toy_runner_cfg
 
 PROTECTION = dict(

@@ -1,0 +1,310 @@
+# Copyright (c) mmnanguard contributors. All rights reserved.
+"""Write incident folders during training, and mark those a resume discarded.
+
+* An incident folder is built under a temporary name
+  (``.tmp_incident_<random>``) in ``nanguard/``, every file written into
+  it (:mod:`.safe_write`), ``report.json`` last, and only then renamed to
+  its final name. The rename never replaces anything: when the name exists
+  the next number is taken. A kill leaves either no incident folder or a
+  complete one (and perhaps a ``.tmp_incident_*`` folder, which no reader
+  takes for an incident).
+* Incidents are numbered from what is on disk: one more than the highest
+  ``incident_NNN_*`` in ``nanguard/``, whichever rank wrote it (a rank
+  whose peer already wrote the same iteration's incident joins its
+  number).
+* A failed write never stops training: it is logged and the incident has
+  no folder.
+"""
+
+import errno
+import logging
+import os
+import os.path as osp
+from typing import Any, Dict, List, Optional, Tuple
+
+import torch
+from mmengine.logging import print_log
+
+from .allowlist import replay_refusal
+from .loading import load_report
+from .names import (
+    BATCH_NAME,
+    DISCARDED_NAME,
+    REPORT_NAME,
+    parse_folder_name,
+)
+from .safe_write import (
+    DIR_FLAGS,
+    json_bytes,
+    make_temp_dir,
+    open_folder,
+    remove_temp_dir,
+    rename_noreplace,
+    write_at,
+    write_incident_file,
+    write_report_json,
+)
+
+
+class IncidentRecorder:
+    """Writes one folder per incident: ``report.json`` and ``batch.pth``.
+
+    Folder names are ``incident_{n:03d}_iter{iteration:06d}`` (with
+    ``_rank{r}`` under DDP, where every rank writes its own), ``n``
+    numbered from the folders on disk. See the module docstring for how
+    a folder is built, named and renamed into place.
+
+    Args:
+        work_dir (str): The runner's work dir; folders go to
+            ``{work_dir}/nanguard``.
+        max_incidents (int): Folders this rank writes at most (its
+            folders already on disk count).
+        rank (int): This process' rank.
+        world_size (int): Number of processes.
+    """
+
+    def __init__(
+        self, work_dir: str, max_incidents: int, rank: int, world_size: int
+    ) -> None:
+        self.root = osp.join(work_dir, 'nanguard')
+        self.max_incidents = max_incidents
+        self.rank = rank
+        self.world_size = world_size
+        self.written = len(self.own_folders())
+
+    def _suffix_rank(self) -> Optional[int]:
+        return self.rank if self.world_size > 1 else None
+
+    def _parsed(self) -> List[Tuple[int, int, Optional[int]]]:
+        try:
+            names = os.listdir(self.root)
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        return [p for p in map(parse_folder_name, names) if p is not None]
+
+    def own_folders(self) -> List[str]:
+        """The incident folders of this rank in :attr:`root`, by name."""
+        mine = self._suffix_rank()
+        return sorted(
+            self.folder_name(n, it)
+            for n, it, rank in self._parsed()
+            if rank == mine
+        )
+
+    def folder_name(self, number: int, iteration: int) -> str:
+        """``incident_{number:03d}_iter{iteration:06d}[_rank{r}]``."""
+        name = f'incident_{number:03d}_iter{iteration:06d}'
+        if self.world_size > 1:
+            name += f'_rank{self.rank}'
+        return name
+
+    def next_number(self, iteration: int) -> int:
+        """The number of this rank's next incident at ``iteration``.
+
+        One more than the highest number on disk (0 on an empty disk),
+        except that a peer rank's folder of the same iteration, numbered
+        above every folder of this rank, gives its number: the ranks'
+        folders of one incident share it.
+        """
+        parsed = self._parsed()
+        mine = self._suffix_rank()
+        top_mine = max((n for n, _, r in parsed if r == mine), default=-1)
+        peers = sorted(
+            n
+            for n, it, r in parsed
+            if it == iteration and r != mine and n > top_mine
+        )
+        if peers:
+            return peers[0]
+        return max((n for n, _, _ in parsed), default=-1) + 1
+
+    def record(
+        self,
+        report: Dict[str, Any],
+        batch: Optional[Dict[str, Any]] = None,
+        *,
+        force: bool = False,
+    ) -> Optional[str]:
+        """Write the incident; return its folder, or None.
+
+        Never raises into training: a failure to write (a full disk, a
+        batch ``torch.save`` cannot pickle, a link where the folder should
+        be) is logged as an error naming the folder and the error, the
+        temporary folder is removed, ``report['write_error']`` says why,
+        and None is returned.
+
+        Args:
+            report (dict): JSON-serializable report with an integer
+                ``iteration``; ``report_path`` is set to the final
+                ``report.json`` (removed again when nothing was written).
+            batch (dict, optional): Written to ``batch.pth`` when given
+                (the data batch and the RNG states).
+            force (bool): Write even when ``max_incidents`` folders exist
+                (the incident that stops training). Defaults to False.
+
+        Returns:
+            str | None: The folder; None when ``max_incidents`` folders
+            exist already (and not ``force``) or the write failed.
+        """
+        iteration = report['iteration']
+        if self.written >= self.max_incidents and not force:
+            print_log(
+                f'nanguard: the incident of iteration {iteration} is not '
+                f'written: max_incidents={self.max_incidents} folders of '
+                f'this rank exist in {self.root}',
+                logger='current',
+                level=logging.WARNING,
+            )
+            return None
+        target = [osp.join(self.root, self.folder_name(0, iteration))]
+        try:
+            folder = self._write(report, batch, target)
+        except Exception as err:  # noqa: BLE001  (logged; never stops a run)
+            message = (
+                f'nanguard: could not write the incident folder '
+                f'{target[0]}: {type(err).__name__}: {err}. Training goes '
+                'on; this incident has no folder.'
+            )
+            report.pop('report_path', None)
+            report['write_error'] = message
+            print_log(message, logger='current', level=logging.ERROR)
+            return None
+        self.written += 1
+        if batch is not None:
+            _warn_if_refused(osp.join(folder, BATCH_NAME))
+        return folder
+
+    def _write(
+        self,
+        report: Dict[str, Any],
+        batch: Optional[Dict[str, Any]],
+        target: List[str],
+    ) -> str:
+        """Build the folder under a temporary name, rename it into place.
+
+        ``target[0]`` is kept up to date with the folder being written,
+        for the error message.
+        """
+        os.makedirs(self.root, exist_ok=True)
+        root_fd = open_folder(self.root)
+        try:
+            tmp = make_temp_dir(root_fd)
+            target[0] = osp.join(self.root, tmp)
+            try:
+                name = self._fill_and_rename(root_fd, tmp, report, batch)
+            except BaseException:
+                remove_temp_dir(root_fd, tmp)
+                raise
+            os.fsync(root_fd)
+        finally:
+            os.close(root_fd)
+        return osp.join(self.root, name)
+
+    def _fill_and_rename(
+        self,
+        root_fd: int,
+        tmp: str,
+        report: Dict[str, Any],
+        batch: Optional[Dict[str, Any]],
+    ) -> str:
+        iteration = report['iteration']
+        dir_fd = os.open(tmp, DIR_FLAGS, dir_fd=root_fd)
+        try:
+            if batch is not None:
+                write_at(dir_fd, BATCH_NAME, lambda f: torch.save(batch, f))
+            number = self.next_number(iteration)
+            for _ in range(1000):
+                name = self.folder_name(number, iteration)
+                report['report_path'] = osp.join(self.root, name, REPORT_NAME)
+                write_at(dir_fd, REPORT_NAME, json_bytes(report))
+                os.fsync(dir_fd)
+                if rename_noreplace(root_fd, tmp, name):
+                    return name
+                number = max(number + 1, self.next_number(iteration))
+        finally:
+            os.close(dir_fd)
+        raise FileExistsError(
+            errno.EEXIST,
+            'no free incident folder name after 1000 tries',
+            self.root,
+        )
+
+
+def _warn_if_refused(batch_path: str) -> None:
+    refusal = replay_refusal(batch_path)
+    if refusal is not None:
+        print_log(
+            'nanguard: offline replay (tools/replay.py, load_incident) '
+            f'will refuse this incident batch. {refusal}',
+            logger='current',
+            level=logging.WARNING,
+        )
+
+
+def mark_discarded(root: str, after_iteration: int) -> List[str]:
+    """Mark the incident folders that a resume discarded.
+
+    A run resumed from a checkpoint repeats (or never reaches again) the
+    iterations after it: their incidents describe a part of the run that
+    no longer exists. Each such folder gets a ``DISCARDED`` file and
+    ``"discarded_by_resume": true`` (with ``resumed_at_iteration``) in its
+    ``report.json``, both written with :func:`write_incident_file`.
+    Folders that are links, and folders already marked, are left alone; a
+    folder whose ``report.json`` cannot be read or written still gets the
+    ``DISCARDED`` file (the failure is logged).
+
+    Args:
+        root (str): ``{work_dir}/nanguard``.
+        after_iteration (int): The iterations the checkpoint completed
+            (``checkpoint['meta']['iter']``, the ``runner.iter`` the
+            resumed run starts at). An incident whose 0-based
+            ``iteration`` is this or later happened after the checkpoint.
+
+    Returns:
+        list[str]: The folders marked now, sorted.
+    """
+    try:
+        names = sorted(os.listdir(root))
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    marked = []
+    for name in names:
+        parsed = parse_folder_name(name)
+        folder = osp.join(root, name)
+        if (
+            parsed is None
+            or parsed[1] < after_iteration
+            or osp.islink(folder)
+            or osp.lexists(osp.join(folder, DISCARDED_NAME))
+        ):
+            continue
+        note = (
+            f'The run was resumed from a checkpoint of iteration '
+            f'{after_iteration}; this incident (iteration {parsed[1]}) '
+            'happened after it, in a part of the run the resume '
+            'discarded.\n'
+        )
+        try:
+            write_incident_file(folder, DISCARDED_NAME, note)
+        except (OSError, ValueError) as err:
+            print_log(
+                f'nanguard: could not mark {folder} as discarded by the '
+                f'resume: {type(err).__name__}: {err}',
+                logger='current',
+                level=logging.ERROR,
+            )
+            continue
+        marked.append(folder)
+        try:
+            report = load_report(folder)
+            report['discarded_by_resume'] = True
+            report['resumed_at_iteration'] = after_iteration
+            write_report_json(report, folder)
+        except (OSError, ValueError) as err:
+            print_log(
+                f'nanguard: {folder} is marked DISCARDED, but its '
+                f'{REPORT_NAME} was not updated: {err}',
+                logger='current',
+                level=logging.WARNING,
+            )
+    return marked
