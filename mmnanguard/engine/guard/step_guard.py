@@ -27,6 +27,7 @@ import torch
 from mmengine import dist
 from torch import Tensor
 
+from .finite import any_nonfinite
 from .spike_detector import SpikeDetector
 from .verdict import IterationOutcome, StepVerdict
 
@@ -377,11 +378,7 @@ class StepGuard:
         ]
         if not tensors:
             return
-        device = tensors[0].device
-        norm = torch.linalg.vector_norm(
-            torch.stack([_as(n, device) for n in torch._foreach_norm(tensors)])
-        )
-        flag = ~torch.isfinite(norm)
+        flag = any_nonfinite(tensors)
         if self._params_flag is not None:
             flag = flag | self._params_flag.to(flag.device)
         self._params_flag = flag

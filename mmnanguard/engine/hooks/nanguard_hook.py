@@ -1,9 +1,10 @@
 # Copyright (c) mmnanguard contributors. All rights reserved.
 """NanGuardHook: no non-finite value reaches the weights or a checkpoint."""
 
+import os.path as osp
 from typing import Any, Dict, Optional
 
-from mmengine.dist import get_rank, get_world_size
+from mmengine.dist import get_rank, get_world_size, is_main_process
 from mmengine.hooks import Hook
 from mmengine.optim import AmpOptimWrapper
 
@@ -17,7 +18,7 @@ from ..guard.optim_members import optim_wrapper_members
 from ..guard.responder import GuardResponder, IterationTrace, Listener
 from ..guard.rng import capture_rng_state
 from ..guard.snapshot import unwrap_model
-from ..incident import IncidentRecorder
+from ..incident import IncidentRecorder, mark_discarded
 from ..optimizers import install_step_guard
 
 DATA_BATCH = Optional[Any]
@@ -178,8 +179,21 @@ class NanGuardHook(Hook):
         self.responder.check_checkpoint(runner, checkpoint, self._traces)
 
     def after_load_checkpoint(self, runner, checkpoint: dict) -> None:
-        """Restore what :meth:`before_save_checkpoint` stored."""
+        """On resume: restore what :meth:`before_save_checkpoint` stored,
+        and mark the incident folders of the iterations the resume
+        discards (written after the checkpoint, before a crash)."""
         self.responder.load_state_dict(checkpoint.get('nanguard', {}))
+        iteration = checkpoint.get('meta', {}).get('iter')
+        if isinstance(iteration, int) and is_main_process():
+            marked = mark_discarded(
+                osp.join(runner.work_dir, 'nanguard'), iteration
+            )
+            if marked:
+                runner.logger.warning(
+                    f'nanguard: resumed at iteration {iteration}; '
+                    f'{len(marked)} incident folder(s) of the discarded '
+                    f'part of the run are marked DISCARDED: {marked}'
+                )
 
     def after_train(self, runner) -> None:
         """Read the last step's parameter check; log a summary."""

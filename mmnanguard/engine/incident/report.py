@@ -25,6 +25,8 @@ OPTIONAL_FIELDS = DIAGNOSIS_FIELDS + (
     'detected_at',
     'report_path',
     'write_error',
+    'discarded_by_resume',
+    'resumed_at_iteration',
 )
 
 
@@ -110,6 +112,10 @@ class IncidentReport:
     repeat_of: Optional[Dict[str, Any]] = None
     diagnosis_error: Optional[str] = None
     diagnosis_skipped: Optional[str] = None
+    #: A resume discarded the part of the run this incident belongs to.
+    discarded_by_resume: Optional[bool] = None
+    #: The iteration that resume started at.
+    resumed_at_iteration: Optional[int] = None
 
     def __post_init__(self) -> None:
         self.kind = IncidentKind(self.kind)

@@ -6,6 +6,7 @@ import torch
 
 from mmnanguard.engine.guard import StepGuard
 from mmnanguard.engine.guard.finite import (
+    any_nonfinite,
     json_number,
     nonfinite_paths,
     total_norm,
@@ -118,3 +119,25 @@ def test_the_poisoned_parameter_is_named_under_clip_grad():
 )
 def test_json_number(value, expected):
     assert json_number(value) == expected
+
+
+@pytest.mark.parametrize(
+    'bad, expected',
+    [
+        (None, False),
+        (float('nan'), True),
+        (float('inf'), True),
+        (-float('inf'), True),
+        (3e38, True),  # finite, but the sum leaves the float32 range
+    ],
+)
+def test_any_nonfinite_matches_isfinite(bad, expected):
+    tensors = [torch.randn(3, 4), torch.randn(5), torch.zeros(0)]
+    if bad is not None:
+        tensors[1][2] = bad
+        tensors[1][3] = abs(bad)
+    assert bool(any_nonfinite(tensors)) is expected
+    # float64 reference: the same verdict for the non-finite cases
+    if bad is None or not math.isfinite(bad):
+        reference = not all(torch.isfinite(t.double()).all() for t in tensors)
+        assert bool(any_nonfinite(tensors)) is reference

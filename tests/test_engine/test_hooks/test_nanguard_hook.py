@@ -384,6 +384,40 @@ def test_counters_saved_and_restored_on_resume(tmp_path):
     )
 
 
+def test_resume_marks_the_incidents_it_discards(tmp_path):
+    # iter_2.pth holds iterations 0-1 (checkpoints every 2 iterations);
+    # incidents at 2 and 4; the run resumes from iter_2.pth as after a crash
+    run(
+        tmp_path,
+        [fault('inf_loss', 2), fault('inf_loss', 4), guard()],
+        max_iters=5,
+    )
+    first = sorted(
+        glob.glob(osp.join(str(tmp_path), 'nanguard', 'incident_*'))
+    )
+    assert [osp.basename(f) for f in first] == [
+        'incident_000_iter000002',
+        'incident_001_iter000004',
+    ]
+    resumed = Runner(
+        **toy_runner_cfg(
+            str(tmp_path),
+            max_iters=6,
+            custom_hooks=[guard()],
+            resume=True,
+            load_from=osp.join(str(tmp_path), 'iter_2.pth'),
+        )
+    )
+    resumed.train()
+    # iteration 2 and later were discarded by resuming at iteration 2
+    for folder in first:
+        assert osp.isfile(osp.join(folder, 'DISCARDED'))
+        report = json.load(open(osp.join(folder, 'report.json')))
+        assert report['discarded_by_resume'] is True
+        assert report['resumed_at_iteration'] == 2
+    assert the_guard(resumed).counters['incidents'] == 0  # iter_2.pth's
+
+
 @pytest.mark.parametrize('policy', ['raise', 'skip'])
 def test_poisoned_checkpoint_is_never_written(tmp_path, policy):
     # the per-iteration parameter check is off: the checkpoint check is the
@@ -478,9 +512,7 @@ def test_rollback_skips_a_truncated_checkpoint(
         assert g.last_restored.source == 'memory'
         assert g.last_restored.iteration == 3
     else:
-        assert g.last_restored.source == osp.join(
-            str(tmp_path), restored_from
-        )
+        assert g.last_restored.source == osp.join(str(tmp_path), restored_from)
         assert g.last_restored.iteration == 2
     assert all(p.isfinite().all() for p in runner.model.parameters())
 
