@@ -162,8 +162,8 @@ def _install_break_points() -> None:
     from mmnanguard.engine.runner import (
         durable_checkpoint,
         durable_checkpoint_hook,
-        durable_file,
     )
+    from mmnanguard.fileio import durable_file
 
     # bare mmengine: LocalBackend.put (open 'wb') and CheckpointHook's
     # open(last_checkpoint, 'w')

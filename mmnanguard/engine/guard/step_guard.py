@@ -174,14 +174,17 @@ class StepGuard:
         dtype = _dtype(device)
         zero = torch.zeros((), device=device, dtype=dtype)
         if grad_params:
+            # as torch's clip_grad_norm_ computes it (same dtype, same
+            # order), so that clipping with it changes no bit of training
             per_param = torch._foreach_norm(
                 [p.grad for p in grad_params], norm_type
             )
-            norms = torch.stack([_as(n, device) for n in per_param])
+            first = per_param[0].device
+            norms = torch.stack([n.to(first) for n in per_param])
             total = torch.linalg.vector_norm(norms, norm_type)
         else:
             norms, total = None, zero
-        parts: List[Tensor] = [total.reshape(1)]
+        parts: List[Tensor] = [_as(total, device).reshape(1)]
         layout: Dict[str, slice] = {}
 
         def add(name: str, values: Any) -> None:

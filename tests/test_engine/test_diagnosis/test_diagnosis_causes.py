@@ -63,11 +63,12 @@ class StateWitness(Hook):
         guard = next(
             h for h in runner.hooks if type(h).__name__ == 'NanGuardHook'
         )
-        guard.incident_listeners.insert(0, self._witness('before'))
-        guard.incident_listeners.append(self._witness('after'))
+        # around the diagnosis: first and last of the guard's listeners
+        guard.responder.listeners.insert(0, self._witness('before'))
+        guard.responder.listeners.append(self._witness('after'))
 
     def _witness(self, key):
-        def listener(runner, report, folder):
+        def listener(runner, event):
             model = runner.model
             self.seen[key] = (
                 {k: v.clone() for k, v in model.state_dict().items()},
