@@ -192,7 +192,8 @@ COMPONENTS: Dict[str, Dict[str, List[Tuple[str, str]]]] = {
     'parameter and buffer check after the step (queued, no read)': dict(
         plus=[('engine/guard/step_guard.py', '_queue_params_check')]
     ),
-    'guarded step without the read (clip, step, counting)': dict(
+    'the guarded step besides the read (clip and optimizer step, which '
+    'bare training runs too)': dict(
         plus=[('engine/optimizers/guarded_optim_wrapper.py', 'step')],
         minus=[
             ('engine/guard/step_guard.py', 'read'),

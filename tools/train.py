@@ -207,8 +207,21 @@ def build_config(args: argparse.Namespace):
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    """Train; return the exit status (see the module docstring)."""
-    args = parse_args(argv)
+    """Train; return the exit status (see the module docstring).
+
+    A process group this run started is destroyed before returning (a
+    gloo group left to the interpreter's exit can abort it).
+    """
+    try:
+        return _train(parse_args(argv))
+    finally:
+        import torch.distributed as torch_dist
+
+        if torch_dist.is_available() and torch_dist.is_initialized():
+            torch_dist.destroy_process_group()
+
+
+def _train(args: argparse.Namespace) -> int:
     from mmengine.logging import print_log
     from mmengine.registry import RUNNERS
     from mmengine.runner import Runner

@@ -10,6 +10,8 @@ The 200-iteration false-positive figure of the same config comes from
 import glob
 import json
 import os.path as osp
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -19,6 +21,8 @@ from mmengine.runner import Runner
 from mmnanguard.engine.hooks import NanGuardHook
 from mmnanguard.testing import TINY_DOTA_CONFIG, load_tiny_config
 from mmnanguard.testing.spike_injection import LossSpikeInjectionHook
+
+REPO_ROOT = osp.dirname(osp.dirname(osp.dirname(osp.dirname(__file__))))
 
 ITERS = 22
 SPIKE_AT = 14
@@ -68,7 +72,7 @@ def test_injected_100x_loss_term_is_one_detection_and_skipped(
         str(tmp_path),
         tiny_dota_root,
         max_iters=ITERS,
-        custom_hooks=[guard],
+        custom_hooks=[guard, dict(type='NanDiagnosisHook')],
     )
     cfg.merge_from_dict(
         {
@@ -116,3 +120,21 @@ def test_injected_100x_loss_term_is_one_detection_and_skipped(
     assert spikes['loss_cls']['reference'] == pytest.approx(max(cls), rel=1e-6)
     assert spikes['loss_cls']['value'] > 10 * max(cls)
     assert [s['img_path'] for s in report['samples']]
+
+    # the spike incident replays offline like any other kind: its folder
+    # loads (kind loss_spike), and the injected spike is not in the model,
+    # so the replay says it did not reproduce
+    done = subprocess.run(
+        [
+            sys.executable,
+            osp.join(REPO_ROOT, 'tools', 'replay.py'),
+            osp.dirname(path),
+            '--trust-config',
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO_ROOT,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert 'loss_spike' in done.stdout
