@@ -8,7 +8,6 @@ from typing import Any, Dict, List, Optional
 from mmengine.dist import get_rank, get_world_size
 
 from ..incident import IncidentKind, IncidentReport, json_number
-from .optim_members import optim_wrapper_members
 from .stage import live_stage
 from .verdict import StepVerdict
 
@@ -45,18 +44,6 @@ def learning_rates(optim_wrapper) -> Dict[str, List[float]]:
     return {
         k: [float(x) for x in v] for k, v in optim_wrapper.get_lr().items()
     }
-
-
-def live_lr(optim_wrapper) -> Optional[float]:
-    """The largest live lr over every param group of every optimizer (the
-    one an explosion follows), or None without param groups."""
-    lrs = [
-        float(group['lr'])
-        for wrapper in optim_wrapper_members(optim_wrapper)
-        for group in wrapper.optimizer.param_groups
-        if 'lr' in group
-    ]
-    return max(lrs) if lrs else None
 
 
 def build_report(

@@ -20,6 +20,7 @@ Backward always runs: a non-finite loss gives non-finite gradients, which
 the verdict catches before the step (and no rank skips a collective).
 """
 
+import math
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
@@ -281,7 +282,7 @@ class StepGuard:
 
         total = host[0]
         loss_bad, first_bad = part('loss')
-        grad_bad = not _finite(total)
+        grad_bad = not math.isfinite(total)
         params = part('params')
         params_bad = bool(params[0]) if params else None
         amp = part('amp')
@@ -410,10 +411,6 @@ class StepGuard:
         if dist.get_world_size() > 1:
             dist.all_reduce(votes, op='sum')
         return not votes.tolist()[0]
-
-
-def _finite(value: float) -> bool:
-    return value == value and value not in (float('inf'), float('-inf'))
 
 
 def _amp_state(scaler: Any, optimizer: Any) -> Optional[List[Tensor]]:
