@@ -1,20 +1,21 @@
-# mmnanguard: `make demo` runs the main job, `make test` the test suite.
+# mmnanguard: `make demo` runs the main job, `make test` the test suite
+# (`make test-fast`: lint and the tests not marked slow).
 # Both first build .venv, the development stack `rotate` (the first time
 # about 12 minutes: mmcv is compiled; afterwards seconds).
 # `make setup STACK=NAME` builds the venv of another supported stack
-# (tools/setup/stacks/define.sh: mmdet, onedl, core).
-# `make test` ends with `make test-stacks`: on each of core, mmdet and onedl
-# the built wheel, installed into that stack's venv, trains protected
-# configs from a folder outside the repository, and the tests marked
-# stack_smoke run against it.
+# (tools/setup/stacks/define.sh: mmdet, onedl, core, toolboxes).
+# `make test` ends with `make test-stacks`: on each of core, mmdet, onedl and
+# toolboxes the built wheel, installed into that stack's venv, trains
+# protected configs from a folder outside the repository, and the tests
+# marked stack_smoke run against it.
 STACK ?= rotate
 VENV := .venv
 PY := $(VENV)/bin/python
 LINT_PATHS := mmnanguard tools tests benchmarks configs setup.py
-CHECKED_STACKS := core mmdet onedl
+CHECKED_STACKS := core mmdet onedl toolboxes
 WHEEL_STACK := $(if $(filter rotate,$(STACK)),core,$(STACK))
 
-.PHONY: setup dev demo test test-wheel test-stacks lint format bench clean
+.PHONY: setup dev demo test test-fast test-wheel test-stacks lint format bench clean
 
 setup:
 	@STACK=$(STACK) bash tools/setup/setup_env.sh
@@ -36,6 +37,10 @@ format: dev
 test: dev lint
 	$(PY) -m pytest tests
 	@$(MAKE) --no-print-directory test-stacks
+
+# lint and the tests not marked slow (a few minutes), for development
+test-fast: dev lint
+	$(PY) -m pytest tests -m "not slow"
 
 test-wheel:
 	@STACK=$(WHEEL_STACK) bash tools/setup/check_wheel.sh

@@ -1,34 +1,21 @@
 # Copyright (c) mmnanguard contributors. All rights reserved.
-"""Install mmnanguard.
+"""Build step of mmnanguard that ``pyproject.toml`` cannot express.
 
-The configs under ``configs/`` and the scripts under ``tools/`` are shipped
-as package data under ``mmnanguard/.mim/``, the way OpenMMLab packages ship
-them, so that ``mmnanguard::_base_/nanguard.py`` resolves from any installed
-copy; the scripts are the console entry points of :mod:`mmnanguard.cli`
-(``mmnanguard-train``, ...).
+The metadata, extras, entry points and package data are declared in
+``pyproject.toml``. This file only puts ``configs/``, ``tools/`` and
+``model-index.yml`` under ``mmnanguard/.mim/`` before setuptools collects
+the package data, the way OpenMMLab packages ship them, so that
+``mmnanguard::_base_/nanguard.py`` resolves from any installed copy and the
+console entry points of :mod:`mmnanguard.cli` find their scripts.
 """
 
 import os
 import os.path as osp
 import shutil
 
-from setuptools import find_packages, setup
+from setuptools import setup
 
 HERE = osp.dirname(osp.abspath(__file__))
-
-
-def read_module(name: str) -> dict:
-    """The globals of ``mmnanguard/NAME.py``, a module that imports only
-    the standard library (the package itself is not importable here)."""
-    scope: dict = {}
-    with open(osp.join(HERE, 'mmnanguard', f'{name}.py')) as f:
-        exec(compile(f.read(), f'{name}.py', 'exec'), scope)
-    return scope
-
-
-def get_version() -> str:
-    """Read ``__version__`` from ``mmnanguard/version.py``."""
-    return read_module('version')['__version__']
 
 
 def add_mim_extension() -> None:
@@ -56,31 +43,4 @@ def add_mim_extension() -> None:
 
 if __name__ == '__main__':
     add_mim_extension()
-    setup(
-        name='mmnanguard',
-        version=get_version(),
-        description='Finite checks, incident reports and recovery for '
-        'OpenMMLab 2.x training',
-        long_description=open(osp.join(HERE, 'README.md')).read(),
-        long_description_content_type='text/markdown',
-        license='Apache License 2.0',
-        packages=find_packages(exclude=('tests', 'tests.*', 'benchmarks')),
-        include_package_data=True,
-        package_data={
-            'mmnanguard': [
-                '.mim/configs/**/*.py',
-                '.mim/tools/*.py',
-                '.mim/model-index.yml',
-            ]
-        },
-        python_requires='>=3.8',
-        # The toolboxes come from either OpenMMLab or the OneDL fork (same
-        # import names, other distributions), so they are extras, with the
-        # tested ranges of mmnanguard/supported_stacks.py.
-        install_requires=['numpy'],
-        extras_require=read_module('supported_stacks')['extras_require'](),
-        entry_points={
-            'console_scripts': read_module('cli')['CONSOLE_SCRIPTS']
-        },
-        zip_safe=False,
-    )
+    setup()

@@ -21,7 +21,16 @@ d. host syncs per iteration of the tiny rotated RetinaNet DOTA config on
    :func:`mmnanguard.testing.host_syncs.count_host_syncs` (device tensors
    only);
 e. overhead: median ms per iteration, guard on (``skip``) against guard
-   off, 3 interleaved pairs (ratio per pair, median, min..max).
+   off, 3 interleaved pairs (ratio per pair, median, min..max);
+f. ``FlexibleRunner`` strategies that need a GPU (``docs/distributed.md``):
+   ``FSDPStrategy`` (FSDP1) and ``DeepSpeedStrategy`` (ZeRO-2, when
+   ``deepspeed`` is installed), ``torchrun`` with one process per GPU, the
+   include selecting ``NanGuardFlexibleRunner`` from the ``strategy`` key,
+   the tiny rotated RetinaNet, a NaN gradient at iteration 1 (skipped) and
+   a NaN in the optimizer state at iteration 3 (after the checkpoint of
+   iteration 2; rolled back from it, ``rollback_source='checkpoint'``):
+   the incidents, the rollback's source and finite final weights, on
+   every rank.
 
 Usage::
 
@@ -32,8 +41,8 @@ Without a CUDA device (and without ``--device cpu``) it prints a one-line
 message and exits 0. ``--device cpu`` runs what the CPU can, to catch
 errors in the script itself (``CPUAmpOptimWrapper`` in a, mmdet's
 pure-PyTorch focal loss in b, mmcv's ``box_iou_rotated`` in c, no
-sync-debug count in d, fewer iterations in d and e); its numbers say
-nothing about a GPU.
+sync-debug count in d, fewer iterations in d and e, ``DDPStrategy`` over
+gloo with 2 processes in f); its numbers say nothing about a GPU.
 """
 
 import argparse
@@ -499,12 +508,168 @@ def check_overhead(device: str, ctx: Dict[str, Any]) -> List[Row]:
     ]
 
 
+# -- f. FlexibleRunner strategies -------------------------------------------
+#: strategy name -> its config (DeepSpeed: ZeRO-2, fp32)
+STRATEGIES = {
+    'FSDPStrategy': dict(type='FSDPStrategy'),
+    'DeepSpeedStrategy': dict(
+        type='DeepSpeedStrategy',
+        zero_optimization=dict(stage=2),
+        gradient_clipping=0.0,
+    ),
+    'DDPStrategy': dict(type='DDPStrategy'),
+}
+
+
+def flexible_worker(strategy: str, work_dir: str, data_root: str) -> int:
+    """One rank of section f (started by ``torchrun``): train, then write
+    ``work_dir/result_rank{RANK}.json`` (incidents, rollback source, final
+    weights finite)."""
+    import glob
+    import json
+
+    import torch
+    from mmengine.dist import get_rank
+    from mmengine.registry import RUNNERS
+
+    import mmnanguard  # noqa: F401
+    from mmnanguard.compat.cpu_distributed import prepare_cpu_distributed
+    from mmnanguard.engine.runner import train_options as opts
+    from mmnanguard.testing import TINY_DOTA_CONFIG, load_tiny_config
+
+    cfg = load_tiny_config(TINY_DOTA_CONFIG, work_dir, data_root, max_iters=4)
+    cfg.default_hooks.checkpoint = dict(
+        type='CheckpointHook', interval=2, by_epoch=False
+    )
+    cfg.custom_hooks = [
+        dict(type='FaultInjectionHook', fault='nan_grad', iteration=1),
+        dict(
+            type='FaultInjectionHook', fault='nan_optimizer_state', iteration=3
+        ),
+    ]
+    cfg.optim_wrapper.optimizer.momentum = 0.9
+    if strategy == 'DeepSpeedStrategy':
+        cfg.optim_wrapper = dict(
+            type='DeepSpeedOptimWrapper', optimizer=cfg.optim_wrapper.optimizer
+        )
+    cfg.strategy = STRATEGIES[strategy]
+    cfg.launcher = 'pytorch'
+    opts.apply_guard_option(cfg, 'skip')
+    cfg.nanguard.rollback_source = 'checkpoint'
+    prepare_cpu_distributed(cfg, 'pytorch')
+    runner = RUNNERS.build(cfg)
+    runner.train()
+    reports = []
+    for path in sorted(
+        glob.glob(osp.join(work_dir, 'nanguard', '*', '*.json'))
+    ):
+        if path.endswith('report.json'):
+            with open(path) as f:
+                report = json.load(f)
+            if report['rank'] == get_rank():
+                reports.append(
+                    [report['iteration'], report['kind'], report['action']]
+                )
+    restored = runner_guard_source(runner)
+    finite = all(
+        bool(torch.isfinite(p.detach()).all())
+        for p in runner.model.parameters()
+        if p.is_floating_point()
+    )
+    with open(osp.join(work_dir, f'result_rank{get_rank()}.json'), 'w') as f:
+        json.dump(dict(reports=reports, restored=restored, finite=finite), f)
+    return 0
+
+
+def runner_guard_source(runner) -> Optional[str]:
+    """Where the last rollback of the run's guard restored from."""
+    from mmnanguard.engine.runner.checkpoint_agreement import guard_hook
+
+    hook = guard_hook(runner)
+    restored = hook.last_restored if hook is not None else None
+    return None if restored is None else str(restored.source)
+
+
+def check_strategies(device: str, ctx: Dict[str, Any]) -> List[Row]:
+    """Section f."""
+    import importlib.util
+    import json
+    import subprocess
+
+    import torch
+
+    from mmnanguard.testing.distributed import free_port, torchrun_args
+
+    if device == 'cpu':
+        names, procs = ['DDPStrategy'], 2
+    else:
+        names, procs = ['FSDPStrategy'], max(1, torch.cuda.device_count())
+        if importlib.util.find_spec('deepspeed') is not None:
+            names.append('DeepSpeedStrategy')
+    rows: List[Row] = []
+    if 'DeepSpeedStrategy' not in names and device != 'cpu':
+        rows.append(('DeepSpeedStrategy', 'deepspeed not installed', None))
+    for name in names:
+        work_dir = osp.join(ctx['tmp'], f'strategy_{name}')
+        os.makedirs(work_dir, exist_ok=True)
+        cmd = (
+            [sys.executable]
+            + torchrun_args(procs, free_port())
+            + [
+                osp.abspath(__file__),
+                '--flexible-worker',
+                name,
+                work_dir,
+                _dota_root(ctx),
+            ]
+        )
+        env = dict(os.environ, PYTHONWARNINGS='ignore')
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        if proc.returncode != 0:
+            tail = ' '.join(proc.stderr.split()[-60:])
+            rows.append(
+                (f'{name}: training', f'exit {proc.returncode}: {tail}', False)
+            )
+            continue
+        results = []
+        for rank in range(procs):
+            with open(osp.join(work_dir, f'result_rank{rank}.json')) as f:
+                results.append(json.load(f))
+        first = results[0]
+        expected = [
+            [1, 'nonfinite_grad', 'skip'],
+            [3, 'nonfinite_params', 'rollback'],
+        ]
+        rows += [
+            (
+                f'{name}: incidents (iteration, kind, action), {procs} rank',
+                str(first['reports']),
+                first['reports'] == expected
+                and all(r['reports'] == first['reports'] for r in results),
+            ),
+            (
+                f'{name}: rollback restored from',
+                str(first['restored']),
+                bool(first['restored'])
+                and first['restored'].endswith('iter_2.pth')
+                and all(r['restored'] == first['restored'] for r in results),
+            ),
+            (
+                f'{name}: final weights finite on every rank',
+                str([r['finite'] for r in results]),
+                all(r['finite'] for r in results),
+            ),
+        ]
+    return rows
+
+
 SECTIONS = (
     ('a', 'AMP fp16, planted inf gradient', check_amp_overflow),
     ('b', 'sigmoid focal loss vs StableFocalLoss', check_focal_loss),
     ('c', 'RotatedIoULoss vs SafeRotatedIoULoss', check_rotated_iou),
     ('d', 'host syncs per iteration, tiny DOTA', check_sync_counts),
     ('e', 'overhead ms/iteration, tiny DOTA', check_overhead),
+    ('f', 'FlexibleRunner strategies (FSDP1, DeepSpeed)', check_strategies),
 )
 
 
@@ -518,6 +683,9 @@ def print_table(rows: List[Tuple[str, str, str, str]]) -> None:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ['--flexible-worker']:
+        return flexible_worker(*argv[1:])
     parser = argparse.ArgumentParser(
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,

@@ -200,11 +200,12 @@ COMPONENTS: Dict[str, Dict[str, List[Tuple[str, str]]]] = {
             ('engine/guard/step_guard.py', '_queue_params_check'),
         ],
     ),
-    'history (append, scheduled lr, first lr)': dict(
+    'history (append, scheduled lr, live lrs) and the lr backoff check': dict(
         plus=[
             ('engine/guard/history.py', 'append'),
-            ('engine/guard/scheduled_lr.py', 'read'),
-            ('engine/guard/responder.py', 'first_lr'),
+            ('engine/guard/scheduled_lr.py', 'read_groups'),
+            ('engine/guard/lr_backoff.py', 'live_lrs'),
+            ('engine/guard/responder.py', 'enforce_backoff'),
         ]
     ),
     'RNG state for the incident batch': dict(

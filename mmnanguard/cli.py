@@ -59,7 +59,7 @@ def run_tool(command: str, argv: Optional[List[str]] = None) -> int:
     """
     if command not in COMMANDS:
         print(
-            f'mmnanguard: unknown command {command!r}; expected one of '
+            f'nanguard: unknown command {command!r}; expected one of '
             f'{sorted(COMMANDS)}',
             file=sys.stderr,
         )
@@ -96,7 +96,7 @@ replay = _entry_point('mmnanguard-replay')
 check_loss = _entry_point('mmnanguard-check-loss')
 doctor = _entry_point('mmnanguard-doctor')
 
-#: ``console_scripts`` lines for ``setup.py``.
+#: ``console_scripts`` lines (``[project.scripts]`` of ``pyproject.toml``).
 CONSOLE_SCRIPTS = [
     f'{command} = mmnanguard.cli:{name}' for command, name in COMMANDS.items()
 ]

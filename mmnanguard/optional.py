@@ -1,5 +1,6 @@
 # Copyright (c) mmnanguard contributors. All rights reserved.
-"""Optional upstream packages: mmrotate and mmseg.
+"""Optional upstream packages: mmrotate, mmseg and the toolboxes (mmyolo,
+mmpretrain, mmpose).
 
 ``import mmnanguard`` needs only mmengine, mmcv and mmdet. The rotated-box
 modules (``SafeDeltaXYWHTRBBoxCoder``, ``SinCosAngleCoder``,
@@ -21,11 +22,17 @@ from typing import Any, Callable, Dict, Iterable, Optional, Tuple
 
 from mmengine.registry import Registry
 
-from mmnanguard.supported_stacks import OPTIONAL_EXTRAS, install_line
+from mmnanguard.supported_stacks import (
+    OPTIONAL_EXTRAS,
+    TOOLBOXES,
+    install_line,
+)
 
 #: Optional package (import name) -> how to install it, for the family
-#: (OpenMMLab or OneDL) of the installed mmdet.
-INSTALL = {name: install_line(name) for name in OPTIONAL_EXTRAS}
+#: (OpenMMLab or OneDL) of the installed mmdet; the toolboxes of
+#: :data:`~mmnanguard.supported_stacks.TOOLBOXES` (mmyolo, mmpretrain,
+#: mmpose), whose configs the include protects where they are installed.
+INSTALL = {name: install_line(name) for name in (*OPTIONAL_EXTRAS, *TOOLBOXES)}
 
 #: import name -> None (importable) or why it is not; filled on first use.
 _STATUS: Dict[str, Optional[str]] = {}
@@ -71,7 +78,7 @@ def unavailable_reason(package: str) -> Optional[str]:
             _STATUS[package] = f'it fails to import: {err!r}'
         if _STATUS[package] not in (None, 'it is not installed'):
             warnings.warn(
-                f'mmnanguard: {package} is installed, but '
+                f'nanguard: {package} is installed, but '
                 f'{_STATUS[package]}; the mmnanguard modules that need it '
                 'are not registered',
                 stacklevel=2,
@@ -80,7 +87,8 @@ def unavailable_reason(package: str) -> Optional[str]:
 
 
 def is_available(package: str) -> bool:
-    """Whether ``package`` (``'mmrotate'`` or ``'mmseg'``) imports.
+    """Whether ``package`` (``'mmrotate'``, ``'mmseg'``, ``'mmyolo'``,
+    ``'mmpretrain'`` or ``'mmpose'``) imports.
 
     Args:
         package (str): An import name from :data:`INSTALL`.

@@ -1,5 +1,6 @@
 # Copyright (c) mmnanguard contributors. All rights reserved.
-"""mmnanguard provides 7 registry nodes to support using modules across
+"""mmnanguard provides 6 registry nodes (hooks, runners, optimizer
+wrappers, models, task utils, transforms) to support using modules across
 projects. Each node is a child of the root registry in MMEngine.
 
 More details can be found at

@@ -3,9 +3,10 @@
 
 OpenMMLab's packages and the maintained OneDL fork install the same import
 names (``mmengine``, ``mmcv``, ``mmdet``, ``mmrotate``, ``mmseg``) from
-different distributions (``mmcv`` or ``onedl-mmcv``). ``setup.py`` turns
-:data:`TESTED` into the extras ``upstream``, ``onedl``, ``rotate``,
-``onedl-rotate``, ``seg`` and ``onedl-seg`` (:func:`extras_require`), so
+different distributions (``mmcv`` or ``onedl-mmcv``). :data:`TESTED`
+gives the extras ``upstream``, ``onedl``, ``rotate``, ``onedl-rotate``,
+``seg`` and ``onedl-seg`` (:func:`extras_require`; ``pyproject.toml``
+declares the same, tests/test_packaging/test_pyproject.py), so
 that ``pip install`` into an existing environment accepts exactly the tested
 ranges of either family without replacing one by the other.
 
@@ -14,8 +15,8 @@ required package is an ``ImportError`` that says what to install; a version
 outside the tested ranges, or both families installed for one import name,
 is one warning naming the distribution, its version and the tested range.
 
-This module imports only the standard library at its top (``setup.py``
-reads it before anything is installed).
+This module imports only the standard library at its top (it is read
+before the stack is checked).
 """
 
 import warnings
@@ -46,6 +47,15 @@ TESTED: Dict[str, Dict[str, Tuple[str, str]]] = {
     },
 }
 
+#: The toolboxes built on mmdet that the ``toolboxes`` stack tests
+#: mmnanguard with (no extras: OpenMMLab releases only), import name ->
+#: (distribution, tested version range).
+TOOLBOXES: Dict[str, Tuple[str, str]] = {
+    'mmyolo': ('mmyolo', '>=0.6.0,<0.7'),
+    'mmpretrain': ('mmpretrain', '>=1.2.0,<1.3'),
+    'mmpose': ('mmpose', '>=1.3.2,<1.4'),
+}
+
 #: Import names ``import mmnanguard`` needs.
 REQUIRED = ('mmengine', 'mmcv', 'mmdet')
 
@@ -72,7 +82,8 @@ def extra_name(name: str, family: str) -> str:
 
 
 def extras_require() -> Dict[str, List[str]]:
-    """The ``extras_require`` of ``setup.py``.
+    """The extras (``[project.optional-dependencies]`` of
+    ``pyproject.toml``).
 
     Returns:
         dict: ``upstream`` and ``onedl`` (the required packages of each
@@ -89,18 +100,26 @@ def extras_require() -> Dict[str, List[str]]:
     return extras
 
 
+def _tested(name: str) -> Dict[str, Tuple[str, str]]:
+    """family -> (distribution, range) of an import name of
+    :data:`TESTED` or :data:`TOOLBOXES` (upstream only)."""
+    if name in TOOLBOXES:
+        return {'upstream': TOOLBOXES[name]}
+    return TESTED[name]
+
+
 def installed_distributions(name: str) -> Dict[str, str]:
     """The installed distributions that provide import name ``name``.
 
     Args:
-        name (str): An import name of :data:`TESTED`.
+        name (str): An import name of :data:`TESTED` or :data:`TOOLBOXES`.
 
     Returns:
         dict: family -> installed version, for each family whose
         distribution is installed.
     """
     found = {}
-    for family, (dist, _) in TESTED[name].items():
+    for family, (dist, _) in _tested(name).items():
         try:
             found[family] = metadata.version(dist)
         except metadata.PackageNotFoundError:
@@ -121,12 +140,23 @@ def install_line(name: str) -> str:
     """How to install the optional part ``name`` on the installed family.
 
     Args:
-        name (str): ``'mmrotate'`` or ``'mmseg'``.
+        name (str): ``'mmrotate'``, ``'mmseg'`` or a toolbox of
+            :data:`TOOLBOXES`.
 
     Returns:
         str: e.g. ``pip install "mmnanguard[onedl-rotate]"
-        (onedl-mmrotate>=1.2.1,<1.3)``.
+        (onedl-mmrotate>=1.2.1,<1.3)``, or ``pip install
+        "mmyolo>=0.6.0,<0.7"``.
     """
+    if name in TOOLBOXES:
+        line = f'pip install "{"".join(TOOLBOXES[name])}"'
+        if name == 'mmpose':
+            line += (
+                ' --no-deps (its chumpy requirement does not build; '
+                'install json_tricks, munkres and xtcocotools with numpy<2 '
+                'beside it)'
+            )
+        return line
     family = installed_family() or 'upstream'
     line = (
         f'pip install "mmnanguard[{extra_name(name, family)}]" '
@@ -152,7 +182,7 @@ def version_problems() -> List[str]:
     from packaging.version import InvalidVersion, Version
 
     problems = []
-    for name in TESTED:
+    for name in list(TESTED) + list(TOOLBOXES):
         found = installed_distributions(name)
         if len(found) > 1:
             dists = ' and '.join(
@@ -163,7 +193,7 @@ def version_problems() -> List[str]:
                 f'`{name}` package over each other, so keep one'
             )
         for family, version in found.items():
-            dist, spec = TESTED[name][family]
+            dist, spec = _tested(name)[family]
             try:
                 tested = Version(version) in SpecifierSet(
                     spec, prereleases=True
@@ -202,8 +232,8 @@ def check_installed() -> None:
     problems = version_problems()
     if problems:
         warnings.warn(
-            'mmnanguard is tested on the stacks of README.md ("Supported '
-            'stacks"); here ' + '; '.join(problems) + '.',
+            'nanguard: mmnanguard is tested on the stacks of docs/stacks.md '
+            '("Supported stacks"); here ' + '; '.join(problems) + '.',
             stacklevel=3,
         )
 
@@ -212,6 +242,7 @@ __all__ = [
     'FAMILIES',
     'REQUIRED',
     'TESTED',
+    'TOOLBOXES',
     'check_installed',
     'extra_name',
     'extras_require',

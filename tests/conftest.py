@@ -1,5 +1,6 @@
 # Copyright (c) mmnanguard contributors. All rights reserved.
-"""Shared fixtures: generated tiny datasets (once per session).
+"""Shared fixtures: generated tiny datasets and the tiny families' real
+runs (``family_runs``, from ``tests/family_runs.py``), once per session.
 
 On a stack without mmrotate or mmseg (``tools/setup/check_wheel.sh`` runs
 the ``stack_smoke`` tests on every supported stack), a test module that
@@ -13,6 +14,7 @@ import os.path as osp
 from typing import List
 
 import pytest
+from family_runs import family_runs  # noqa: F401  (session fixture)
 
 import mmnanguard  # noqa: F401  (applies the stack mends first)
 from mmnanguard.datagen import generate_coco, generate_dota

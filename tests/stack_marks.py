@@ -1,6 +1,7 @@
 # Copyright (c) mmnanguard contributors. All rights reserved.
 """Marks for tests that need an optional package of the stack (mmrotate,
-mmseg): skipped, with the reason, on a supported stack that lacks it."""
+mmseg, the toolboxes mmyolo, mmpretrain and mmpose): skipped, with the
+reason, on a supported stack that lacks it."""
 
 import pytest
 
@@ -11,4 +12,13 @@ needs_mmrotate = pytest.mark.skipif(
 )
 needs_mmseg = pytest.mark.skipif(
     not is_available('mmseg'), reason='the stack has no mmseg'
+)
+needs_mmyolo = pytest.mark.skipif(
+    not is_available('mmyolo'), reason='the stack has no mmyolo'
+)
+needs_mmpretrain = pytest.mark.skipif(
+    not is_available('mmpretrain'), reason='the stack has no mmpretrain'
+)
+needs_mmpose = pytest.mark.skipif(
+    not is_available('mmpose'), reason='the stack has no mmpose'
 )

@@ -120,7 +120,9 @@ def _reports(args: argparse.Namespace):
                 f'{type(err).__name__}: {err}'
             )
         if report.error and not report.results:
-            return None, f'--loss {args.loss!r}: {report.error}'
+            return None, (
+                f'--loss {args.loss!r} with {args.kwargs}: {report.error}'
+            )
         return [report], None
     cfg, error = load_config(args.config, args.cfg_options)
     if error is not None:

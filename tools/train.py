@@ -15,7 +15,8 @@ Exit status: 0 done; 1 smoke test found a non-finite value; 2 wrong flag,
 config or setting, or a runner, dataset or optimizer that cannot be built
 from the config, or a --resume checkpoint that does not load while no other checkpoint next to
 it does (nothing trained; one paragraph on stderr); 3 training stopped by the guard or by an
-annotation check (one paragraph on stderr, the report path in it); 4 preempted: SIGTERM or SIGINT
+annotation check (one paragraph on stderr, the report path in it), or crashed on a config
+mistake that the built model shows (a box loss fed encoded deltas; the fix in the paragraph); 4 preempted: SIGTERM or SIGINT
 during a protected run, a checkpoint of the last finished iteration was saved and ``last_checkpoint``
 names it (one paragraph on stderr; continue with ``--resume``; see
 ``mmnanguard/engine/runner/preemption.py``); 5 a checkpoint could not be
@@ -281,6 +282,15 @@ def _train(args: argparse.Namespace) -> int:
         return fail(
             f'{type(err).__name__}: {one_line(err)} Nothing was trained.',
             EXIT_USAGE,
+        )
+    except Exception as err:  # a crash whose cause the built model shows
+        fix = opts.crash_fix(runner)
+        if fix is None or os.environ.get(TRACEBACK_ENV) == '1':
+            raise
+        return fail(
+            f'{type(err).__name__}: {one_line(err)} Training crashed at '
+            f'iteration {runner.iter}, and the config causes it: {fix}',
+            EXIT_STOPPED,
         )
     if args.smoke_test:
         lines, ok = opts.smoke_test_rows(runner)

@@ -18,6 +18,12 @@
 #   encodes to a finite target instead of log(0) = -inf;
 # * SafeDiceLoss for mmdet's and mmseg's DiceLoss: sums in fp32, 0 / 0
 #   defined.
+# mmrotate's GDLoss_v1 gets no drop-in: the NaN users report with it, from
+# the first iteration, comes from feeding it encoded deltas (its head's
+# reg_decoded_bbox=False), which no drop-in can fix; the fix is
+# reg_decoded_bbox=True in the head (tools/doctor.py reports it). Its
+# degenerate-box failures (zero width, fp16/bf16) are listed by
+# tools/check_loss.py. The runner logs every loss it keeps as configured.
 # To keep a module as configured, give the config its own
 # `nanguard = dict(module_swaps=[...])` with the entries it wants (a list
 # replaces the included list as a whole).

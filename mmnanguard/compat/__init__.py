@@ -16,6 +16,8 @@ mend                                   needed by
 :mod:`.fork_config_scopes`             onedl-mmsegmentation 1.4.2
                                        (``mmseg::`` config paths)
 :mod:`.cpu_distributed` (on demand)    mmengine <= 0.10.7, CPU-only torch
+:mod:`.elastic_round` (on demand)      torch elastic restarts with the
+                                       agent's shared store (torch 2.13)
 =====================================  =====================================
 """
 

@@ -9,7 +9,11 @@ On a CPU-only torch, :func:`prepare_cpu_distributed` starts the process group
 with gloo from torchrun's environment variables *before* the Runner is built
 (mmengine then skips its own ``init_dist``) and sets
 ``model_wrapper_cfg=dict(type='MMDistributedDataParallel', device_ids=None)``
-unless the config already has a ``model_wrapper_cfg``. It is called by
+unless the config already has a ``model_wrapper_cfg`` (and the same
+``model_wrapper`` on a ``FlexibleRunner``'s ``DDPStrategy``). Under a torch
+elastic agent the group starts in a store namespace of the restart round's
+own (:mod:`.elastic_round`), so a restarted group never reads the previous
+round's gloo addresses. It is called by
 ``tools/train.py --launcher pytorch`` and by the DDP tests.
 """
 
@@ -18,6 +22,8 @@ import os
 import torch
 import torch.distributed as torch_dist
 from mmengine.config import Config
+
+from .elastic_round import init_process_group
 
 
 def is_needed(launcher: str) -> bool:
@@ -57,9 +63,18 @@ def prepare_cpu_distributed(cfg: Config, launcher: str) -> bool:
             'start the script with `torchrun --nproc_per_node N ...`.'
         )
     if not torch_dist.is_initialized():
-        torch_dist.init_process_group(backend='gloo')
+        init_process_group('gloo')
     if cfg.get('model_wrapper_cfg') is None:
         cfg.model_wrapper_cfg = dict(
+            type='MMDistributedDataParallel', device_ids=None
+        )
+    strategy = cfg.get('strategy')
+    if (
+        isinstance(strategy, dict)
+        and str(strategy.get('type', '')).split('.')[-1] == 'DDPStrategy'
+        and strategy.get('model_wrapper') is None
+    ):  # FlexibleRunner: the strategy wraps the model
+        strategy['model_wrapper'] = dict(
             type='MMDistributedDataParallel', device_ids=None
         )
     return True

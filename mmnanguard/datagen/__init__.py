@@ -3,6 +3,7 @@
 
 from .cityscapes import CITYSCAPES_NUM_CLASSES, generate_cityscapes
 from .coco import COCO_TINY_CLASSES, generate_coco
+from .coco_keypoints import COCO_KEYPOINT_NAMES, generate_coco_keypoints
 from .dota import (
     BROKEN_KINDS,
     DOTA_CLASSES,
@@ -11,6 +12,7 @@ from .dota import (
     format_dota_line,
     generate_dota,
 )
+from .image_folder import IMAGE_FOLDER_CLASSES, generate_image_folder
 
 __all__ = [
     'DOTA_CLASSES',
@@ -23,4 +25,8 @@ __all__ = [
     'broken_line',
     'CITYSCAPES_NUM_CLASSES',
     'generate_cityscapes',
+    'COCO_KEYPOINT_NAMES',
+    'generate_coco_keypoints',
+    'IMAGE_FOLDER_CLASSES',
+    'generate_image_folder',
 ]

@@ -13,6 +13,7 @@ Check names (``Violation.check``):
 ``image_finite``      every pixel of a floating image is finite
 ``hbox_finite``       horizontal box ``(x1, y1, x2, y2)`` is finite
 ``hbox_size``         ``x2 - x1 > min_size`` and ``y2 - y1 > min_size``
+                      (a negative side is told as an inverted box)
 ``rbox_finite``       rotated box ``(cx, cy, w, h, t)`` is finite
 ``rbox_size``         ``w > min_size`` and ``h > min_size``
 ``rbox_angle``        ``t`` (in the version's representation) strictly
@@ -185,13 +186,28 @@ def check_hboxes(boxes: Any, min_size: float) -> List[Violation]:
     h = boxes[:, 3] - boxes[:, 1]
     bad = finite & ~((w > min_size) & (h > min_size))
     return out + _row_violations(
-        'hbox_size',
-        bad,
-        boxes,
-        lambda i: (
-            f'w={w[i]:.6g}, h={h[i]:.6g}, need both > min_size={min_size}'
-        ),
+        'hbox_size', bad, boxes, lambda i: _size_detail(w[i], h[i], min_size)
     )
+
+
+def _size_detail(w: float, h: float, min_size: float) -> str:
+    """Why a box's size fails; a negative side is an inverted box (its
+    max below its min), the mark of a box written as ``x, y, w, h``."""
+    inverted = [
+        f'{hi} < {lo} ({side}={value:.6g})'
+        for side, value, lo, hi in (
+            ('w', w, 'xmin', 'xmax'),
+            ('h', h, 'ymin', 'ymax'),
+        )
+        if value < 0
+    ]
+    if inverted:
+        return (
+            f'inverted box: {" and ".join(inverted)}; the box looks written '
+            'as x, y, w, h where x1, y1, x2, y2 (VOC: xmin, ymin, xmax, '
+            'ymax) is expected'
+        )
+    return f'w={w:.6g}, h={h:.6g}, need both > min_size={min_size}'
 
 
 def regularize_rboxes(boxes: np.ndarray, angle_version: str) -> np.ndarray:

@@ -163,3 +163,34 @@ def load_dota_data_list(
             data_info['height'], data_info['width'] = img_shape[:2]
         data_list.append(data_info)
     return data_list, problems
+
+
+def annfile_beside(img_path: Any) -> str:
+    """The DOTA annfile of an image in mmrotate's folder layout
+    (``<split>/images/P0001.png`` -> ``<split>/annfiles/P0001.txt``), ''
+    where the image is not in an ``images`` folder or the annfile is
+    missing. ``DOTADataset`` keeps no annfile path in its samples; this
+    is how the training-time check names one.
+
+    Args:
+        img_path: The sample's ``img_path``.
+
+    Returns:
+        str: The annfile, or ''.
+    """
+    if not isinstance(img_path, str):
+        return ''
+    folder, name = osp.split(img_path)
+    if osp.basename(folder) != 'images':
+        return ''
+    annfile = osp.join(
+        osp.dirname(folder), 'annfiles', osp.splitext(name)[0] + '.txt'
+    )
+    return annfile if osp.isfile(annfile) else ''
+
+
+def annfile_line_count(annfile: str) -> int:
+    """The number of lines of ``annfile`` (each is one ``DOTADataset``
+    instance, in order)."""
+    with open(annfile, encoding='utf-8') as f:
+        return len(f.read().splitlines())

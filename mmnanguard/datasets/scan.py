@@ -152,7 +152,8 @@ def _locate(
     if ann_file is not None:
         line = results[ANN_LINES_KEY][violation.index] if loading else None
         return ann_file, line
-    return results.get('img_path', ''), None
+    # VOC keeps each image's boxes in its own Annotations/*.xml
+    return results.get('xml_path') or results.get('img_path', ''), None
 
 
 def _seed(value: int) -> None:

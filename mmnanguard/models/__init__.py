@@ -6,10 +6,29 @@ from typing import Any
 
 from . import losses, task_modules
 from .drop_in_resolution import drop_in_for, resolve_type
+from .loss_kind import (
+    LossKind,
+    describe_mismatch,
+    encoded_deltas_fix,
+    encoded_deltas_into_box_loss,
+    loss_kind,
+    takes_boxes,
+)
 from .losses import *  # noqa: F401,F403
 from .task_modules import *  # noqa: F401,F403
 
-__all__ = ['losses', 'task_modules', 'drop_in_for', 'resolve_type']
+__all__ = [
+    'losses',
+    'task_modules',
+    'drop_in_for',
+    'resolve_type',
+    'LossKind',
+    'loss_kind',
+    'takes_boxes',
+    'encoded_deltas_into_box_loss',
+    'describe_mismatch',
+    'encoded_deltas_fix',
+]
 __all__ += losses.__all__ + task_modules.__all__
 
 

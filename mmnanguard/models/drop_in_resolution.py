@@ -12,7 +12,7 @@ swap key (``'mmdet.FocalLoss'``) to the registered classes and swaps only
 where they are the same class.
 """
 
-from typing import Dict, Mapping, Optional
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from mmengine.registry import MODELS, TASK_UTILS
 
@@ -90,3 +90,74 @@ def drop_in_for(
     if cls is None:
         return swaps.get(type_name)
     return scoped_targets(swaps, scope).get(cls)
+
+
+#: Losses with a known NaN failure that no drop-in fixes, and why.
+NO_DROP_IN = {
+    'GDLoss_v1': (
+        "mmrotate's GDLoss_v1 has no drop-in: the NaN users report with it, "
+        'from the first iteration, comes from feeding it encoded deltas '
+        '(its head has reg_decoded_bbox=False), which no drop-in can fix; '
+        'set reg_decoded_bbox=True in its head (tools/doctor.py reports '
+        'it). Its degenerate-box failures (zero width, fp16/bf16) are '
+        'listed by tools/check_loss.py'
+    ),
+}
+
+
+def losses_kept(
+    model_cfg: Any, swaps: Mapping[str, str], scope: Optional[str] = None
+) -> List[Tuple[str, str]]:
+    """The losses of a model config that ``swaps`` leaves as they are.
+
+    Args:
+        model_cfg: The model config (after the swaps, or before).
+        swaps (Mapping[str, str]): Upstream type -> drop-in type.
+        scope (str, optional): The config's ``default_scope``.
+
+    Returns:
+        list[tuple[str, str]]: ``(config path, 'Class (module)')`` of each
+        loss that is no swap's target (a drop-in already in place
+        included), in config order.
+    """
+    from mmnanguard.config_walk import find_loss_configs
+
+    kept = []
+    for entry in find_loss_configs(model_cfg, scope):
+        name = entry.cfg.get('type')
+        name = name if isinstance(name, str) else entry.cls.__name__
+        if drop_in_for(name, swaps, scope) is None:
+            top = entry.cls.__module__.split('.')[0]
+            kept.append((entry.path, f'{entry.cls.__name__} ({top})'))
+    return kept
+
+
+def describe_kept(kept: List[Tuple[str, str]]) -> str:
+    """One log line: the losses kept as they are, recognised as needing no
+    drop-in, and the ones with a known failure that no drop-in fixes (with
+    the reason, :data:`NO_DROP_IN`).
+
+    Args:
+        kept (list): From :func:`losses_kept`.
+
+    Returns:
+        str: The line ('' when nothing was kept).
+    """
+    if not kept:
+        return ''
+    unfixable = [k for k in kept if k[1].split(' ')[0] in NO_DROP_IN]
+    plain = [k for k in kept if k not in unfixable]
+    parts = []
+    if plain:
+        listed = ', '.join(f'{path} ({what})' for path, what in plain)
+        parts.append(
+            f'module swaps: kept {len(plain)} loss(es) as configured, '
+            'recognised as needing no drop-in (no known NaN failure that a '
+            f'drop-in fixes): {listed}.'
+        )
+    for path, what in unfixable:
+        parts.append(
+            f'module swaps: kept {path} ({what}): '
+            f'{NO_DROP_IN[what.split(" ")[0]]}.'
+        )
+    return ' '.join(parts)

@@ -43,6 +43,7 @@ def _cell(tmp_path, data_root, mode):
     )
 
 
+@pytest.mark.slow
 def test_bare_nan_grad_is_silent_and_ruins_the_weights(
     tmp_path, tiny_dota_root
 ):
@@ -63,6 +64,7 @@ def test_bare_nan_grad_is_silent_and_ruins_the_weights(
     assert cell['nonfinite_loss_iters'][0] == FAULT_ITER + 1
 
 
+@pytest.mark.slow
 def test_check_invalid_loss_misses_a_nan_gradient(tmp_path, tiny_dota_root):
     cell = _cell(tmp_path, tiny_dota_root, 'check_invalid_loss')
     # it raises only at the next iteration, whose loss is NaN: after the
@@ -78,6 +80,7 @@ def test_check_invalid_loss_misses_a_nan_gradient(tmp_path, tiny_dota_root):
     assert cell['outcome'] == 'detected_poisoned'
 
 
+@pytest.mark.slow
 def test_guard_skip_drops_the_step(tmp_path, tiny_dota_root):
     cell = _cell(tmp_path, tiny_dota_root, 'guard_skip')
     assert cell['detected'] is True

@@ -180,16 +180,19 @@ def _explain(added) -> str:
     )
 
 
+@pytest.mark.slow
 def test_no_added_host_read_with_clip_grad(count):
     reads, _, added = _added(count, 'dota', 'fp32')
     assert reads <= 0, _explain(added)
 
 
+@pytest.mark.slow
 def test_at_most_one_added_host_read_without_clip_grad(count):
     reads, _, added = _added(count, 'coco', 'fp32')
     assert reads <= 1, _explain(added)
 
 
+@pytest.mark.slow
 def test_at_most_one_added_host_read_under_cpu_amp(count):
     reads, _, added = _added(count, 'dota', 'amp')
     assert reads <= 1, _explain(added)
@@ -236,6 +239,7 @@ def _ddp_counts(tmp_path, root, mode):
         return json.load(f)
 
 
+@pytest.mark.slow
 def test_at_most_one_added_collective_under_ddp(tmp_path, tiny_dota_root):
     results = [
         dict(

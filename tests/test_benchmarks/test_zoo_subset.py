@@ -85,6 +85,7 @@ def data_dir(tmp_path_factory):
     SUBSET,
     ids=[c[0].split('/')[0] for c in SUBSET],
 )
+@pytest.mark.slow
 def test_zoo_cell_skips_the_fault_and_stays_finite(
     tmp_path, data_dir, config, fault, backbone, depth, ema
 ):

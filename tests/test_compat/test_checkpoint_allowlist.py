@@ -96,6 +96,7 @@ def _added_to_torch_allowlist():
     return [n for n in here if n not in fresh and not n.startswith('torch.')]
 
 
+@pytest.mark.slow
 def test_applied_on_this_stack():
     assert mend.is_needed()
     import mmnanguard.compat as compat
@@ -105,6 +106,7 @@ def test_applied_on_this_stack():
     assert _added_to_torch_allowlist() == []
 
 
+@pytest.mark.slow
 def test_mmengine_checkpoint_loads_with_weights_only(tmp_path):
     path = str(tmp_path / 'ok.pth')
     torch.save(_mmengine_like_checkpoint(), path)
@@ -210,6 +212,7 @@ def test_foreign_object_is_refused(tmp_path, payload, name):
         torch.load(path)
 
 
+@pytest.mark.slow
 def test_remote_scheme_loads_in_scope(tmp_path, monkeypatch):
     """``https://`` goes through mmengine's ``load_from_http``, whose
     download ends in ``torch.load(cached_file)`` (faked here: no network)."""

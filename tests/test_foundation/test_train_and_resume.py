@@ -25,6 +25,7 @@ from mmnanguard.testing import (
         (TINY_COCO_CONFIG, 'tiny_coco_root'),
     ],
 )
+@pytest.mark.slow
 def test_train_save_resume(config, root, tmp_path, request):
     data_root = request.getfixturevalue(root)
     work_dir = str(tmp_path / 'work')

@@ -49,6 +49,7 @@ def test_ignore_index_255_trains(tiny_cityscapes_root, tmp_path):
     assert 0.3 * np.log(19) < losses[0] < 3 * np.log(19)
 
 
+@pytest.mark.slow
 def test_train_tool_stops_cleanly_on_255(tiny_cityscapes_root, tmp_path):
     out = run_script(
         [

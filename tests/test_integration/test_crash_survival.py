@@ -52,6 +52,7 @@ EXPECTED = {
 
 
 @pytest.mark.parametrize('trial', list(EXPECTED))
+@pytest.mark.slow
 def test_protected_run_survives(trial, tiny_dota_root, tmp_path):
     exit_status, resumed_at, leftover = EXPECTED[trial]
     result = run_trial(
@@ -75,6 +76,7 @@ def test_protected_run_survives(trial, tiny_dota_root, tmp_path):
     assert result.survived
 
 
+@pytest.mark.slow
 def test_bare_mmengine_loses_the_run(tiny_dota_root, tmp_path):
     """The same kill against bare mmengine: the break point is real."""
     result = run_trial(

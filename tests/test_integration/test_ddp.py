@@ -8,9 +8,13 @@ import json
 import os.path as osp
 import re
 
+import pytest
 from integration_utils import DEMO_CONFIG, TRAIN, run_script
 
+from mmnanguard.testing.distributed import free_port
 
+
+@pytest.mark.slow
 def test_fault_on_one_rank_same_action_on_both(tiny_dota_root, tmp_path):
     config = tmp_path / 'ddp_fault.py'
     config.write_text(
@@ -26,7 +30,7 @@ def test_fault_on_one_rank_same_action_on_both(tiny_dota_root, tmp_path):
             '--nproc_per_node',
             '2',
             '--master_port',
-            '29517',
+            str(free_port()),  # never a fixed port: runs may overlap
             TRAIN,
             str(config),
             '--launcher',

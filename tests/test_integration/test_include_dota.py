@@ -6,6 +6,7 @@ import glob
 import json
 import os.path as osp
 
+import pytest
 from integration_utils import NANGUARD_DOTA
 from mmengine.config import Config
 from mmengine.registry import RUNNERS
@@ -16,6 +17,7 @@ from mmnanguard.engine.runner import NanGuardRunner
 from mmnanguard.testing import tensors_all_finite
 
 
+@pytest.mark.slow
 def test_include_skips_broken_annotation(broken_dota, tmp_path):
     cfg = Config.fromfile(NANGUARD_DOTA)
     # the include only adds these two keys; custom_hooks stays upstream's

@@ -2,6 +2,7 @@
 """The include on rotated RTMDet, whose config already has ``custom_hooks``
 (an ``EMAHook``), in an iteration-based loop with an injected fault."""
 
+import pytest
 from integration_utils import NANGUARD_RTMDET
 from mmengine.hooks import EMAHook
 from mmengine.registry import RUNNERS
@@ -10,6 +11,7 @@ from mmnanguard.engine.hooks import FaultInjectionHook, NanGuardHook
 from mmnanguard.testing import load_tiny_config, tensors_all_finite
 
 
+@pytest.mark.slow
 def test_include_keeps_custom_hooks(tiny_dota_root, tmp_path):
     cfg = load_tiny_config(
         NANGUARD_RTMDET, str(tmp_path), tiny_dota_root, max_iters=2

@@ -70,6 +70,7 @@ def _include(tmp_path, *bases, extra=''):
     return str(config)
 
 
+@pytest.mark.slow
 def test_safe_modules_include(broken_dota, tmp_path):
     config = _include(
         tmp_path,
@@ -97,6 +98,7 @@ def test_safe_modules_include(broken_dota, tmp_path):
     assert osp.isfile(osp.join(cfg.work_dir, 'epoch_1.pth'))
 
 
+@pytest.mark.slow
 def test_kld_nan_by_itself_and_finite_under_the_safe_include(
     tiny_dota_root, tmp_path
 ):
@@ -186,6 +188,7 @@ def test_kld_nan_by_itself_and_finite_under_the_safe_include(
         ),
     ],
 )
+@pytest.mark.slow
 def test_upstream_rotated_iou_loss_trains_on_the_cpu(
     config, swapped, tiny_dota_root, tmp_path
 ):

@@ -6,6 +6,7 @@ import glob
 import json
 import os.path as osp
 
+import pytest
 from integration_utils import (
     DEMO_CONFIG,
     NANGUARD_DOTA,
@@ -18,6 +19,7 @@ from mmengine.runner.checkpoint import CheckpointLoader
 from mmnanguard.testing import TINY_DOTA_CONFIG, tensors_all_finite
 
 
+@pytest.mark.slow
 def test_wrong_guard_value_fails_before_training(tmp_path):
     out = run_script(
         [TRAIN, NANGUARD_DOTA, '--guard', 'skp', '--work-dir', str(tmp_path)],
@@ -29,6 +31,7 @@ def test_wrong_guard_value_fails_before_training(tmp_path):
     assert not glob.glob(str(tmp_path / '*'))  # nothing started
 
 
+@pytest.mark.slow
 def test_missing_config_fails_before_training(tmp_path):
     missing = str(tmp_path / 'no_such_config.py')
     out = run_script([TRAIN, missing], timeout=120)
@@ -36,6 +39,7 @@ def test_missing_config_fails_before_training(tmp_path):
     assert f"config file '{missing}' does not exist" in out.stderr
 
 
+@pytest.mark.slow
 def test_invalid_setting_fails_before_training(tmp_path):
     out = run_script(
         [
@@ -54,6 +58,7 @@ def test_invalid_setting_fails_before_training(tmp_path):
     assert not glob.glob(str(tmp_path / '*'))
 
 
+@pytest.mark.slow
 def test_amp_config_with_clip_grad(tiny_dota_root, tmp_path):
     """The include on an AMP config (CPUAmpOptimWrapper: the upstream
     AmpOptimWrapper on the CPU GradScaler), with upstream's clip_grad and
@@ -99,6 +104,7 @@ def test_amp_config_with_clip_grad(tiny_dota_root, tmp_path):
     assert 'clip_grad=dict(max_norm=35, norm_type=2)' in cfg_dump
 
 
+@pytest.mark.slow
 def test_guard_raise_stops_cleanly(tiny_dota_root, tmp_path):
     """``--guard raise`` on a config without the include: the injected
     fault stops training with one paragraph and status 3."""
@@ -132,6 +138,7 @@ def test_guard_raise_stops_cleanly(tiny_dota_root, tmp_path):
     assert json.load(open(report[0]))['action'] == 'raise'
 
 
+@pytest.mark.slow
 def test_smoke_test_passes_on_a_config_without_protection(
     tiny_dota_root, tmp_path
 ):
@@ -162,6 +169,7 @@ def test_smoke_test_passes_on_a_config_without_protection(
     assert not glob.glob(str(tmp_path / '*.pth'))  # no checkpoints
 
 
+@pytest.mark.slow
 def test_smoke_test_fails_on_a_nonfinite_value(tiny_dota_root, tmp_path):
     out = run_script(
         [

@@ -3,7 +3,10 @@
 ``--auto-scale-lr``, ``--resume`` of a protected run, a runner that cannot
 be built (one paragraph, exit 2), and ``make demo`` itself."""
 
+import contextlib
 import glob
+import importlib.util
+import io
 import json
 import os
 import os.path as osp
@@ -34,60 +37,99 @@ def one_paragraph(stderr: str) -> str:
     return lines[0]
 
 
-@pytest.mark.parametrize(
-    'options, words',
-    [
-        (['model.bbox_head.type=NoSuchHead'], 'NoSuchHead'),
-        (['model.backbone.depth=19'], 'invalid depth 19'),
-        # the dataset is built before training too (mmengine: lazily)
-        (
-            ['train_dataloader.dataset.data_root={tmp}/missing/'],
-            'There is no txt file in {tmp}/missing/trainval/annfiles/',
-        ),
-    ],
-)
-def test_runner_that_cannot_be_built(tmp_path, options, words):
-    options = [o.format(tmp=tmp_path) for o in options]
-    words = words.format(tmp=tmp_path)
-    out = run_script(
-        [
-            TRAIN,
-            TINY_DOTA_CONFIG,
-            '--guard',
-            'skip',
-            '--work-dir',
-            str(tmp_path),
-            '--cfg-options',
-            *options,
-        ],
-        timeout=120,
-    )
-    assert out.returncode == 2
-    message = one_paragraph(out.stderr)
+@pytest.fixture(scope='module')
+def train_tool():
+    """``tools/train.py`` as a module, for ``main(argv)`` in-process."""
+    spec = importlib.util.spec_from_file_location('train_tool', TRAIN)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def run_main(tool, argv):
+    """``tool.main(argv)``'s exit status (argparse's exits included) and
+    its stderr.
+
+    Only stderr is redirected: mmengine's loggers keep the ``sys.stdout``
+    they were created with, and a later test's logging into a capture
+    stream closed with its test (``capsys``) would print a logging error.
+    """
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        try:
+            code = tool.main(argv)
+        except SystemExit as done:
+            code = done.code
+    return code, err.getvalue()
+
+
+CANNOT_BE_BUILT = [
+    (['model.bbox_head.type=NoSuchHead'], 'NoSuchHead'),
+    (['model.backbone.depth=19'], 'invalid depth 19'),
+    # the dataset is built before training too (mmengine: lazily)
+    (
+        ['train_dataloader.dataset.data_root={tmp}/missing/'],
+        'There is no txt file in {tmp}/missing/trainval/annfiles/',
+    ),
+]
+
+
+def cannot_be_built_argv(tmp_path, options):
+    """The flags; a run name of its own, so that in-process runs started
+    within one second do not share mmengine's logger of that name."""
+    return [
+        TINY_DOTA_CONFIG,
+        '--guard',
+        'skip',
+        '--work-dir',
+        str(tmp_path),
+        '--cfg-options',
+        f'experiment_name={tmp_path.name}',
+        *[o.format(tmp=tmp_path) for o in options],
+    ]
+
+
+def check_cannot_be_built(code, stderr, words):
+    assert code == 2
+    message = one_paragraph(stderr)
     assert message.startswith(
         f'tools/train.py: cannot build the runner from {TINY_DOTA_CONFIG!r}'
     )
     assert words in message and 'Nothing was trained' in message
 
 
-def test_unparsable_cfg_option(tmp_path):
+@pytest.mark.parametrize('options, words', CANNOT_BE_BUILT)
+def test_runner_that_cannot_be_built(train_tool, tmp_path, options, words):
+    argv = cannot_be_built_argv(tmp_path, options)
+    code, stderr = run_main(train_tool, argv)
+    check_cannot_be_built(code, stderr, words.format(tmp=tmp_path))
+
+
+@pytest.mark.slow
+def test_runner_that_cannot_be_built_through_the_cli(tmp_path):
+    """The same paragraph and exit status from the real command line."""
+    options, words = CANNOT_BE_BUILT[0]
+    argv = cannot_be_built_argv(tmp_path, options)
+    out = run_script([TRAIN] + argv, timeout=120)
+    check_cannot_be_built(out.returncode, out.stderr, words)
+
+
+def test_unparsable_cfg_option(train_tool):
     """mmengine's DictAction recursed without end on this value."""
-    out = run_script(
-        [
-            TRAIN,
-            TINY_DOTA_CONFIG,
-            '--cfg-options',
-            "custom_hooks=[dict(type='X',iteration=1)]",
-        ],
-        timeout=120,
+    argv = [
+        TINY_DOTA_CONFIG,
+        '--cfg-options',
+        "custom_hooks=[dict(type='X',iteration=1)]",
+    ]
+    code, stderr = run_main(train_tool, argv)
+    assert code == 2
+    assert 'Traceback' not in stderr
+    assert 'argument --cfg-options: cannot parse "custom_hooks=[dict(' in (
+        stderr
     )
-    assert out.returncode == 2
-    assert 'Traceback' not in out.stderr
-    assert (
-        'argument --cfg-options: cannot parse "custom_hooks=[dict('
-    ) in out.stderr
 
 
+@pytest.mark.slow
 def test_amp_selects_the_cpu_wrapper(tiny_dota_root, tmp_path):
     out = run_script(
         [
@@ -108,13 +150,15 @@ def test_amp_selects_the_cpu_wrapper(tiny_dota_root, tmp_path):
     assert '--amp: optim_wrapper.type=CPUAmpOptimWrapper' in log
     hooks = next(line for line in log.splitlines() if 'hooks in order' in line)
     assert 'AmpScaleMonitorHook' in hooks  # AMP was built, not just named
-    dump = open(glob.glob(str(tmp_path / '*' / 'vis_data' / 'config.py'))[0])
-    text = dump.read()
+    (dump,) = glob.glob(str(tmp_path / '*' / 'vis_data' / 'config.py'))
+    with open(dump) as f:
+        text = f.read()
     assert "type='CPUAmpOptimWrapper'" in text
     assert "loss_scale='dynamic'" in text
     assert 'smoke test passed: 1 iterations' in out.stdout
 
 
+@pytest.mark.slow
 def test_auto_scale_lr(tiny_coco_root, tmp_path):
     """mmdet's RetinaNet: lr 0.01 for a batch of 16, warm-up from 0.001x;
     at batch 2 the first iteration runs at 0.01 * 2/16 * 0.001."""
@@ -139,15 +183,16 @@ def test_auto_scale_lr(tiny_coco_root, tmp_path):
     ) in log
     lr = float(re.search(r'Iter\(train\) \[1/1\]\s+lr: (\S+)', log)[1])
     assert lr == pytest.approx(0.01 * 2 / 16 * 0.001, rel=1e-3)
-    refused = run_script(
-        [TRAIN, TINY_DOTA_CONFIG, '--auto-scale-lr'], timeout=120
-    )
-    assert refused.returncode == 2
-    assert 'needs auto_scale_lr.base_batch_size' in one_paragraph(
-        refused.stderr
-    )
 
 
+def test_auto_scale_lr_needs_a_base_batch_size(train_tool):
+    argv = [TINY_DOTA_CONFIG, '--auto-scale-lr']
+    code, stderr = run_main(train_tool, argv)
+    assert code == 2
+    assert 'needs auto_scale_lr.base_batch_size' in one_paragraph(stderr)
+
+
+@pytest.mark.slow
 def test_resume_continues_counters_and_snapshots(tiny_dota_root, tmp_path):
     """Run 1: 2 iterations, an inf loss at iteration 1 skipped. Run 2
     resumes it for 2 more under rollback, with a NaN gradient at
@@ -204,15 +249,15 @@ def test_resume_continues_counters_and_snapshots(tiny_dota_root, tmp_path):
         osp.basename(f) for f in glob.glob(str(tmp_path / 'nanguard' / '*'))
     )
     assert folders == ['incident_000_iter000001', 'incident_001_iter000003']
-    report = json.load(
-        open(str(tmp_path / 'nanguard' / folders[1] / 'report.json'))
-    )
+    with open(str(tmp_path / 'nanguard' / folders[1] / 'report.json')) as f:
+        report = json.load(f)
     assert (report['kind'], report['action']) == (
         'nonfinite_grad',
         'rollback',
     )
 
 
+@pytest.mark.slow
 def test_make_demo(tmp_path):
     """The recipe of ``make demo`` (as ``make -n`` prints it), run with a
     temporary work dir."""

@@ -124,7 +124,11 @@ def test_require_packages_accepts_what_is_installed(missing):
 
 
 def test_unknown_optional_package_is_refused():
-    with pytest.raises(ValueError, match=r"\['mmrotate', 'mmseg'\].*'mmdet'"):
+    with pytest.raises(
+        ValueError,
+        match=r"\['mmpose', 'mmpretrain', 'mmrotate', 'mmseg', 'mmyolo'\]"
+        r".*'mmdet'",
+    ):
         optional.unavailable_reason('mmdet')
 
 
@@ -232,7 +236,7 @@ def test_reason_tells_missing_from_broken(monkeypatch, error, reason):
         with pytest.warns(UserWarning) as seen:
             assert optional.unavailable_reason('mmseg') == reason
         assert [str(w.message) for w in seen] == [
-            f'mmnanguard: mmseg is installed, but {reason}; the mmnanguard '
+            f'nanguard: mmseg is installed, but {reason}; the mmnanguard '
             'modules that need it are not registered'
         ]
     assert not optional.is_available('mmseg')

@@ -172,3 +172,22 @@ def test_install_line_follows_the_installed_family(
 def test_every_import_name_has_both_families():
     for name, families in TESTED.items():
         assert set(families) == set(supported_stacks.FAMILIES), name
+
+
+def test_toolboxes_are_checked_against_their_tested_range(monkeypatch):
+    _fake_versions(
+        monkeypatch,
+        dict(
+            mmengine='0.10.7',
+            mmcv='2.0.1',
+            mmdet='3.1.0',
+            mmyolo='0.6.0',
+            mmpretrain='1.3.0',
+            mmpose='1.3.2',
+        ),
+    )
+    assert version_problems() == [
+        'mmpretrain 1.3.0 is outside the tested range >=1.2.0,<1.3'
+    ]
+    assert install_line('mmyolo') == 'pip install "mmyolo>=0.6.0,<0.7"'
+    assert '--no-deps' in install_line('mmpose')

@@ -10,6 +10,10 @@ import subprocess
 import sys
 
 import pytest
+from mmengine.config import Config
+
+from mmnanguard.analysis.loss_battery import battery_cases, run_case
+from mmnanguard.config_walk import build_in_scope
 
 REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 TOOL = osp.join(REPO, 'tools', 'check_loss.py')
@@ -64,25 +68,71 @@ def test_names_both_broken_custom_losses(tool, tmp_path, capsys):
     assert dice['nominal']['passed']
 
 
-def test_kld_config_names_the_drop_in(tool, capsys):
-    assert tool.main([KLD_CONFIG, '--failures-only']) == 1
+def _verdicts(loss_cfg, scope, **settings):
+    """case name -> whether it passes, for each case of the battery on the
+    loss built from ``loss_cfg``, each case run on its own."""
+    loss = build_in_scope(loss_cfg, scope)
+    cases = battery_cases(loss, scope=scope, **settings)
+    return {c.name: run_case(loss, c).passed for c in cases}
+
+
+def test_kld_config_names_the_drop_in(tool, capsys, tmp_path):
+    out_json = tmp_path / 'out.json'
+    argv = [KLD_CONFIG, '--failures-only', '--json', str(out_json)]
+    assert tool.main(argv) == 1
     out = capsys.readouterr().out
-    assert any(
-        line.split()[:2] == ['model.bbox_head.loss_bbox', 'GDLoss']
+    cfg = Config.fromfile(KLD_CONFIG)
+    loss_cfg = cfg.model.bbox_head.loss_bbox.to_dict()
+    settings = dict(angle_version=cfg.angle_version)
+    upstream = _verdicts(loss_cfg, 'mmrotate', **settings)
+    failing = [name for name, passed in upstream.items() if not passed]
+    assert failing, 'the battery finds no failing case of GDLoss(kld)'
+    report = next(
+        r
+        for r in json.loads(out_json.read_text())
+        if r['path'] == 'model.bbox_head.loss_bbox'
+    )
+    assert report['loss_type'] == 'GDLoss'
+    assert [r['case'] for r in report['results'] if not r['passed']] == (
+        failing
+    )
+    # the table: one row per failing case (the drop-in note follows)
+    rows = [
+        line.split()[:2]
         for line in out.splitlines()
-    )
-    assert (
+        if line.startswith('model.bbox_head.loss_bbox  ')
+    ]
+    assert rows == [['model.bbox_head.loss_bbox', 'GDLoss']] * len(failing)
+    # the drop-in, on the same cases, passes each of them
+    safe = _verdicts(dict(loss_cfg, type='SafeGDLoss'), 'mmrotate', **settings)
+    assert all(safe[name] for name in failing)
+    note = (
         "model.bbox_head.loss_bbox (GDLoss): safe drop-in type='SafeGDLoss' "
-        'passes 12 of 12 failing cases:' in out
+        f'passes {len(failing)} of {len(failing)} failing cases:'
     )
-    assert '    zero-width target box: finite' in out
+    lines = out.splitlines()
+    assert note in lines
+    start = lines.index(note) + 1
+    listed = lines[start : start + len(failing)]
+    assert [line.split(':')[0].strip() for line in listed] == failing
+    assert (
+        '    zero-width target box: finite'
+        in listed[failing.index('zero-width target box')]
+    )
 
 
 def test_one_registered_loss(tool, capsys):
     argv = ['--loss', 'SafeGDLoss', '--scope', 'mmrotate', '--kwargs']
     assert tool.main(argv + ['loss_type=kld']) == 0
     out = capsys.readouterr().out
-    assert out.rstrip().endswith('1 loss modules, 24 cases, 0 failing')
+    verdicts = _verdicts(dict(type='SafeGDLoss', loss_type='kld'), 'mmrotate')
+    assert all(verdicts.values())
+    # one row per case of the battery, in its order, then the summary
+    rows = [line.split('  ')[2].strip() for line in out.splitlines()[1:-2]]
+    assert rows == list(verdicts)
+    assert out.rstrip().endswith(
+        f'1 loss modules, {len(verdicts)} cases, 0 failing'
+    )
 
 
 @pytest.mark.parametrize(

@@ -53,11 +53,12 @@ def test_json_and_error_exit(tool, tiny_cityscapes_root, tmp_path, capsys):
         'no-warmup',
         'sgd-without-clip-grad',
         'batchnorm-small-batch',
+        'lr-scaling-assumed',  # info: mmseg sets no base_batch_size
     ]
     first = report['findings'][0]
     assert first['severity'] == 'error'
     assert first['fix'] == 'model.decode_head.ignore_index=255'
-    assert printed.startswith('doctor: 4 finding(s)\n[error] ignore-index-255')
+    assert printed.startswith('doctor: 5 finding(s)\n[error] ignore-index-255')
     assert f"    fix: {first['fix']}" in printed
 
 
@@ -131,5 +132,6 @@ def test_smoke_test_prints_the_findings_first(tiny_dota_root, tmp_path):
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = proc.stdout
-    doctor = out.index('doctor: 1 finding(s)\n[warning] fragile-modules')
+    doctor = out.index('doctor: 2 finding(s)\n[warning] fragile-modules')
+    assert '[info] lr-scaling-assumed' in out
     assert doctor < out.index('smoke test:\niter 1: ')

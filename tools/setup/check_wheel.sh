@@ -23,8 +23,9 @@
 #   STACK=onedl bash tools/setup/check_wheel.sh
 #
 # Environment:
-#   STACK                core (default), mmdet or onedl (not rotate: its
-#                        venv is the editable development install)
+#   STACK                core (default), mmdet, onedl or toolboxes (not
+#                        rotate: its venv is the editable development
+#                        install)
 #   MMNANGUARD_CACHE     wheel cache (default: ~/.cache/mmnanguard)
 #   KEEP_WHEEL_TMP=1     keep the temporary folder (its path is printed)
 set -Eeuo pipefail

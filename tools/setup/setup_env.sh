@@ -38,9 +38,12 @@ on_error() {
 trap on_error ERR
 
 stamp_of() {
-    cat "$STACK_REQS" tools/setup/stacks/define.sh tools/setup/setup_env.sh \
-        setup.py | sha256sum | cut -c1-16
+    cat "$STACK_REQS" "${STACK_NODEPS_REQS[@]}" tools/setup/stacks/define.sh \
+        tools/setup/setup_env.sh setup.py pyproject.toml | sha256sum | cut -c1-16
 }
+STACK_NODEPS_REQS=()
+[[ ! -f "tools/setup/stacks/$STACK-nodeps.txt" ]] || \
+    STACK_NODEPS_REQS=("tools/setup/stacks/$STACK-nodeps.txt")
 STAMP_FILE="$VENV/.mmnanguard-setup"
 if [[ -f "$STAMP_FILE" && "$(cat "$STAMP_FILE")" == "$(stamp_of)" ]]; then
     echo "[setup $STACK] $VENV is up to date (delete $STAMP_FILE to force a re-install)"
@@ -89,6 +92,10 @@ fi
 
 step "install the $MMCV_DIST wheel and the packages of $STACK_REQS"
 "${PIP[@]}" install "$WHEEL_DIR/$MMCV_FILE"-*.whl -r "$STACK_REQS"
+if [[ ${#STACK_NODEPS_REQS[@]} -gt 0 ]]; then
+    step "install the packages of ${STACK_NODEPS_REQS[0]} (--no-deps)"
+    "${PIP[@]}" install --no-deps -r "${STACK_NODEPS_REQS[0]}"
+fi
 
 if [[ "$EDITABLE" == "1" ]]; then
     step "install mmnanguard in editable mode"

@@ -3,7 +3,7 @@
 head alone (no backbone), give it random features of the right shapes and
 compute its loss and gradient, once with one box and once with none."""
 
-from typing import Optional, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 import torch.nn as nn
@@ -26,6 +26,32 @@ def _gt_boxes(rotated: bool, count: int):
     return torch.tensor([[50.0, 50.0, 120.0, 90.0]])[:count]
 
 
+class CannotProbe(Exception):
+    """The head does not say what features it takes."""
+
+
+def level_channels(head: nn.Module, levels: int) -> List[int]:
+    """The channels of each input level of a built dense head: its
+    ``in_channels``, or its ``head_module``'s (mmyolo's heads keep them
+    there, already widened), an int meaning every level.
+
+    Raises:
+        CannotProbe: Neither says it.
+    """
+    for owner in (head, getattr(head, 'head_module', None)):
+        value = getattr(owner, 'in_channels', None)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return [value] * levels
+        if isinstance(value, (list, tuple)) and len(value) == levels:
+            if all(isinstance(v, int) for v in value):
+                return list(value)
+    raise CannotProbe(
+        f'cannot probe it: {type(head).__name__} has no in_channels for its '
+        f'{levels} levels (nor has its head_module), so the shapes of its '
+        'input features are unknown without building the neck'
+    )
+
+
 def _loss(head: nn.Module, rotated: bool, count: int) -> float:
     """Sum of the head's losses on random features and ``count`` GT boxes,
     after a backward pass; non-finite if a value or gradient is."""
@@ -38,13 +64,9 @@ def _loss(head: nn.Module, rotated: bool, count: int) -> float:
     gen = torch.Generator().manual_seed(0)
     feats = tuple(
         torch.randn(
-            1,
-            head.in_channels,
-            max(_SIZE // s, 1),
-            max(_SIZE // s, 1),
-            generator=gen,
+            1, c, max(_SIZE // s, 1), max(_SIZE // s, 1), generator=gen
         ).requires_grad_()
-        for s in strides
+        for c, s in zip(level_channels(head, len(strides)), strides)
     )
     sample = DetDataSample(
         metainfo=dict(
@@ -93,6 +115,8 @@ def probe_empty_gt(
         try:
             head = build_in_scope(head_cfg, scope)
             with_box = _loss(head, rotated, 1)
+        except CannotProbe as err:
+            return None, str(err)
         except Exception as err:  # returned as the reason
             return None, f'{type(err).__name__}: {err}'
         if not torch.isfinite(torch.tensor(with_box)):

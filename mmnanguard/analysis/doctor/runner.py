@@ -8,6 +8,7 @@ from mmengine.config import Config
 
 from .context import DoctorContext
 from .finding import SEVERITIES, Finding
+from .rules_box_loss import check_box_loss_inputs
 from .rules_empty_gt import check_empty_gt
 from .rules_labels import check_ignore_index
 from .rules_modules import (
@@ -36,6 +37,7 @@ RULES: Dict[str, Callable[[DoctorContext], List[Finding]]] = {
     'batchnorm eps': check_batchnorm_eps,
     'ignore_index': check_ignore_index,
     'fragile modules': check_fragile_modules,
+    'box loss inputs': check_box_loss_inputs,
     'empty ground truth': check_empty_gt,
     'resume': check_resume_grad_scaler,
 }

@@ -38,6 +38,9 @@ class BatteryContext:
         quality_targets (bool): Whether classification targets are
             ``(labels, quality scores)`` pairs (QualityFocalLoss).
             Defaults to False.
+        one_hot_targets (bool): Whether classification targets are
+            one-hot (or soft) scores (N, C) (VarifocalLoss, GHMC).
+            Defaults to False.
     """
 
     num_classes: int = 4
@@ -46,6 +49,7 @@ class BatteryContext:
     use_sigmoid: bool = True
     takes_probabilities: bool = False
     quality_targets: bool = False
+    one_hot_targets: bool = False
 
 
 @dataclass

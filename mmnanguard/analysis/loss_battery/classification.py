@@ -97,7 +97,24 @@ def classification_cases(ctx: BatteryContext) -> List[LossCase]:
     if ctx.quality_targets:
         for case in cases:
             case.make = _with_quality(case.make)
+    if ctx.one_hot_targets:
+        cases = [c for c in cases if c.group != 'labels']
+        for case in cases:
+            case.make = _with_one_hot(case.make, c)
     return cases
+
+
+def _with_one_hot(make, num_classes: int):
+    """Targets one-hot (N, C); the background label ``C`` is a zero row."""
+
+    def wrapped():
+        (pred, labels), kwargs = make()
+        hot = torch.zeros(labels.numel(), num_classes)
+        fg = labels < num_classes
+        hot[fg.nonzero()[:, 0], labels[fg]] = 1.0
+        return [pred, hot], kwargs
+
+    return wrapped
 
 
 def _with_quality(make):

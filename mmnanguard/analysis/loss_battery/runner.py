@@ -117,6 +117,23 @@ def _precision(args: List[Any], dtype: Optional[torch.dtype]) -> List[Any]:
     ]
 
 
+def _neutral_weights(loss: nn.Module, args: List[Any]) -> List[Any]:
+    """Ones shaped like the prediction for each required positional
+    argument of ``loss.forward`` beyond ``args`` (mmdet's ``GHMC`` and
+    ``GHMR`` require ``label_weight``): the weight that changes nothing."""
+    params = inspect.signature(loss.forward).parameters.values()
+    required = [
+        p
+        for p in params
+        if p.default is p.empty
+        and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+    ]
+    missing = len(required) - len(args)
+    if missing <= 0 or not args or not isinstance(args[0], Tensor):
+        return []
+    return [torch.ones_like(args[0].detach())] * missing
+
+
 def run_case(
     loss: nn.Module, case: LossCase, path: str = 'loss', kind: str = ''
 ) -> CaseResult:
@@ -142,7 +159,7 @@ def run_case(
         result.verdict = NOT_APPLICABLE
         result.message = 'the loss takes no such argument'
         return result
-    args = _precision(args, case.precision)
+    args = _precision(args + _neutral_weights(module, args), case.precision)
     autocast = (
         torch.autocast('cpu', dtype=case.precision)
         if case.precision is not None

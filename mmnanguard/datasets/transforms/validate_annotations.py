@@ -18,6 +18,12 @@ from ..checks import (
     check_seg_map,
     stray_seg_values,
 )
+from ..dota_annfile import (
+    ANN_FILE_KEY,
+    ANN_LINES_KEY,
+    annfile_beside,
+    annfile_line_count,
+)
 
 #: Per-instance result keys that ``filter`` keeps aligned with the boxes.
 INSTANCE_KEYS = (
@@ -36,13 +42,35 @@ class InvalidAnnotationError(ValueError):
 
 
 def sample_source(results: Dict[str, Any]) -> str:
-    """The file a sample comes from: image path, then annotation path."""
+    """The files a sample comes from: image path, then annotation path
+    (a segmentation map, or VOC's ``Annotations/*.xml``)."""
     parts = [
         str(results[k])
-        for k in ('img_path', 'seg_map_path')
+        for k in ('img_path', 'seg_map_path', 'xml_path')
         if results.get(k) is not None
     ]
     return ' / '.join(parts) or f'sample {results.get("sample_idx", "?")}'
+
+
+def _annfile_line(results: Dict[str, Any], violation: Violation) -> str:
+    """Where a DOTA instance's line is: `` (annfile X, line N)``; '' for
+    other samples. The line is told where the sample still has one
+    instance per annfile line (``DOTADataset`` reads them in order); the
+    annfile alone otherwise."""
+    if violation.index is None:
+        return ''
+    annfile = results.get(ANN_FILE_KEY)
+    lines = results.get(ANN_LINES_KEY)
+    if annfile is not None and lines is not None:
+        if violation.index < len(lines):
+            return f' (annfile {annfile}, line {lines[violation.index]})'
+    annfile = annfile_beside(results.get('img_path'))
+    if not annfile:
+        return ''
+    boxes = results.get('gt_bboxes')
+    if boxes is not None and len(boxes) == annfile_line_count(annfile):
+        return f' (annfile {annfile}, line {violation.index + 1})'
+    return f' (annfile {annfile})'
 
 
 def check_results(
@@ -239,7 +267,9 @@ class ValidateAnnotations(BaseTransform):
             return results
         self.num_invalid_samples += 1
         source = sample_source(results)
-        report = '\n  '.join(v.describe() for v in violations)
+        report = '\n  '.join(
+            v.describe() + _annfile_line(results, v) for v in violations
+        )
         if self.policy == 'raise':
             raise InvalidAnnotationError(
                 f'ValidateAnnotations: {len(violations)} failed check(s) in '

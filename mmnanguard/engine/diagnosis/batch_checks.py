@@ -22,6 +22,12 @@ from mmnanguard.datasets.checks import (
 )
 from mmnanguard.datasets.dota_annfile import parse_dota_annfile
 
+from ..incident.batch_layout import (
+    SOURCE_KEYS,
+    sample_records,
+    sample_sources,
+)
+
 
 def model_classes(model: nn.Module) -> Tuple[Optional[int], int]:
     """``(num_classes, ignore_index)`` of the model's first head.
@@ -51,6 +57,18 @@ def dota_annfile_of(img_path: Optional[str]) -> Optional[str]:
     split_dir = osp.dirname(osp.dirname(img_path))
     name = osp.splitext(osp.basename(img_path))[0]
     path = osp.join(split_dir, 'annfiles', f'{name}.txt')
+    return path if osp.isfile(path) else None
+
+
+def voc_xml_of(img_path: Optional[str]) -> Optional[str]:
+    """``ROOT/Annotations/NAME.xml`` for ``ROOT/JPEGImages/NAME.jpg`` (the
+    VOC layout, where each image's boxes are in its own xml), when that
+    file exists."""
+    if not img_path:
+        return None
+    root = osp.dirname(osp.dirname(img_path))
+    name = osp.splitext(osp.basename(img_path))[0]
+    path = osp.join(root, 'Annotations', f'{name}.xml')
     return path if osp.isfile(path) else None
 
 
@@ -92,15 +110,6 @@ def _finding(
     return found
 
 
-def _sample_source(sample: Any) -> Dict[str, Any]:
-    meta = getattr(sample, 'metainfo', {}) or {}
-    return dict(
-        img_path=meta.get('img_path'),
-        img_id=meta.get('img_id'),
-        seg_map_path=meta.get('seg_map_path'),
-    )
-
-
 def check_batch(
     data_batch: Any,
     preprocessed: Optional[Any] = None,
@@ -111,9 +120,12 @@ def check_batch(
 
     Checks the raw ``inputs`` (floating images only: integer pixels are
     finite), the preprocessed ``inputs`` (normalisation can make inf), the
-    ground-truth boxes of ``gt_instances`` (finite; width and height > 0,
-    horizontal or rotated), the labels (``[0, num_classes)``) and
-    ``gt_sem_seg`` (``[0, num_classes)`` or ``ignore_index``).
+    ground-truth boxes (finite; width and height > 0, horizontal or
+    rotated), their labels and an image classifier's ``gt_label``
+    (``[0, num_classes)``) and ``gt_sem_seg`` (``[0, num_classes)`` or
+    ``ignore_index``), in either batch layout
+    (:func:`~mmnanguard.engine.incident.batch_layout.sample_records`: a
+    list of data samples, or mmyolo's ``bboxes_labels``).
 
     Args:
         data_batch (dict): ``inputs`` and ``data_samples`` as the dataloader
@@ -126,13 +138,18 @@ def check_batch(
     Returns:
         list[dict]: One finding per violation: ``check``, ``index``
         (instance), ``values``, ``detail``, ``sample`` (index in the batch),
-        ``stage`` (``'raw'`` or ``'preprocessed'``), ``img_path``,
-        ``img_id``, ``seg_map_path`` and, for DOTA, ``annfile`` and
-        ``line``.
+        ``stage`` (``'raw'``, ``'preprocessed'``, ``'gt_instances'``,
+        ``'gt_label'`` or ``'gt_sem_seg'``), ``img_path``, ``img_id``,
+        ``seg_map_path`` and, for DOTA, ``annfile`` and ``line``.
     """
     findings: List[Dict[str, Any]] = []
-    samples = (preprocessed or data_batch or {}).get('data_samples') or []
-    sources = [_sample_source(s) for s in samples]
+    records = sample_records(preprocessed) if preprocessed else []
+    if not records:
+        records = sample_records(data_batch)
+    # the raw batch keeps the file names where the preprocessed one may
+    # not (mmyolo's data preprocessor rebuilds ``img_metas``)
+    raw_sources = sample_sources(data_batch)
+    sources = [_source(records, raw_sources, i) for i in range(len(records))]
     stages = [('raw', (data_batch or {}).get('inputs'))]
     if preprocessed is not None:
         stages.append(('preprocessed', preprocessed.get('inputs')))
@@ -144,26 +161,45 @@ def check_batch(
                     findings.append(_finding(i, src, v, stage))
         if findings:
             break  # a raw NaN pixel stays NaN after normalisation
-    for i, sample in enumerate(samples):
-        findings += _check_sample(
-            i, sample, sources[i], num_classes, ignore_index
+    for i, record in enumerate(records):
+        findings += _check_record(
+            i, record, sources[i], num_classes, ignore_index
         )
     return findings
 
 
-def _check_sample(
+def _source(
+    records: List[Dict[str, Any]],
+    raw_sources: List[Dict[str, Any]],
     i: int,
-    sample: Any,
+) -> Dict[str, Any]:
+    source = {key: records[i].get(key) for key in SOURCE_KEYS}
+    if i < len(raw_sources) and not any(source.values()):
+        source = dict(raw_sources[i])
+    return source
+
+
+def _is_index_tensor(labels: Any) -> bool:
+    """Class indices (integers), not one-hot or mixed scores."""
+    if isinstance(labels, torch.Tensor):
+        return not labels.is_floating_point() and labels.dim() <= 1
+    dtype = getattr(labels, 'dtype', None)
+    return getattr(dtype, 'kind', '') in ('i', 'u')
+
+
+def _check_record(
+    i: int,
+    record: Dict[str, Any],
     source: Dict[str, Any],
     num_classes: Optional[int],
     ignore_index: int,
 ) -> List[Dict[str, Any]]:
     out: List[Dict[str, Any]] = []
-    instances = getattr(sample, 'gt_instances', None)
-    boxes = getattr(instances, 'bboxes', None) if instances else None
+    boxes = record['boxes']
     if boxes is not None and len(boxes):
         violations = check_boxes(boxes, min_size=0.0)
         annfile = dota_annfile_of(source.get('img_path'))
+        xml = None if annfile else voc_xml_of(source.get('img_path'))
         for v in violations:
             found = _finding(i, source, v, 'gt_instances')
             if annfile is not None and v.index is not None:
@@ -171,16 +207,22 @@ def _check_sample(
                     annfile=annfile,
                     line=annfile_line(annfile, v.index, len(boxes)),
                 )
+            elif xml is not None:
+                found.update(annfile=xml)
             out.append(found)
-    labels = getattr(instances, 'labels', None) if instances else None
-    if labels is not None and num_classes is not None:
-        out += [
-            _finding(i, source, v, 'gt_instances')
-            for v in check_labels(labels, num_classes)
-        ]
-    seg = getattr(sample, 'gt_sem_seg', None)
-    seg_data = getattr(seg, 'data', None)
-    if seg_data is not None and num_classes is not None:
+    if num_classes is None:
+        return out
+    for stage, labels in (
+        ('gt_instances', record['labels']),
+        ('gt_label', record['class_labels']),
+    ):
+        if labels is not None and _is_index_tensor(labels):
+            out += [
+                _finding(i, source, v, stage)
+                for v in check_labels(labels, num_classes)
+            ]
+    seg_data = record['seg_map']
+    if seg_data is not None:
         seg_np = seg_data.detach().cpu().numpy()
         out += [
             _finding(i, source, v, 'gt_sem_seg')
@@ -215,12 +257,21 @@ def describe_finding(found: Dict[str, Any]) -> str:
         or found.get('seg_map_path')
         or f"sample {found['sample']}"
     )
-    where = osp.basename(str(where))
+    where = str(where)
+    # a VOC box lives in Annotations/NAME.xml: keep the folder in the name
+    parent = osp.basename(osp.dirname(where))
+    where = (
+        osp.join(parent, osp.basename(where))
+        if where.endswith('.xml')
+        else osp.basename(where)
+    )
     if found.get('line'):
         where += f" line {found['line']}"
     inst = '' if found.get('index') is None else f", instance {found['index']}"
     values = ', '.join(_fmt_value(v) for v in found.get('values', []))
     words = CHECK_WORDS.get(found['check'], found['check'])
+    if str(found.get('detail', '')).startswith('inverted box'):
+        words = words.replace('zero-size ', 'inverted ')
     if found['index'] is not None:  # an instance: show its values
         words += f' = ({values})'
     return (

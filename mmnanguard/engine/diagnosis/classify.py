@@ -184,12 +184,19 @@ def _explosion_text(
         )
     if lr and lr['ratio'] >= ratio:
         return (
-            f"the learning rate at iteration {lr['iteration']} was "
+            f"the learning rate{_group_words(lr)} at iteration "
+            f"{lr['iteration']} was "
             f"{_fmt(lr['lr'])}, {lr['ratio']:.3g}x what the param "
             f"schedulers prescribe ({_fmt(lr['lr_scheduled'])}): one "
             'finite update threw the weights out of range'
         )
     return None
+
+
+def _group_words(off: Dict[str, Any]) -> str:
+    """``' of param group 3'`` when the lr check names a group."""
+    group = off.get('group')
+    return '' if group is None else f' of param group {group}'
 
 
 def _overflow_text(first: Dict[str, Any]) -> str:

@@ -9,6 +9,11 @@ from typing import Any, Dict, List, Optional
 import torch
 from torch import nn
 
+from mmnanguard.models.loss_kind import (
+    describe_mismatch,
+    encoded_deltas_into_box_loss,
+)
+
 from ..incident import write_report_json
 from .batch_checks import check_batch, model_classes
 from .classify import classify
@@ -26,6 +31,17 @@ def module_weight_stats(model: nn.Module, name: str) -> Dict[str, Any]:
     values = [p.detach().abs().max() for p in module.parameters() if p.numel()]
     top = float(torch.stack(values).max()) if values else math.nan
     return dict(module=name, max_abs=f'{top:.3g}')
+
+
+def encoded_deltas_evidence(model: nn.Module) -> List[Dict[str, Any]]:
+    """The heads that feed encoded deltas to a box loss
+    (``reg_decoded_bbox=False`` with an IoU or Gaussian loss, see
+    :func:`~mmnanguard.models.loss_kind.encoded_deltas_into_box_loss`),
+    each with ``fix``: the sentence naming ``reg_decoded_bbox=True``."""
+    return [
+        dict(record._asdict(), fix=describe_mismatch(record))
+        for record in encoded_deltas_into_box_loss(model)
+    ]
 
 
 def _bad_terms(replay: ReplayResult) -> List[str]:
@@ -117,6 +133,17 @@ def diagnose(
     evidence['num_classes'] = num_classes
     evidence['lr'] = report.get('lr')
     _add_module_evidence(model, evidence, replay, fp32)
+    try:
+        evidence['encoded_deltas'] = encoded_deltas_evidence(model)
+    except Exception as err:  # noqa: BLE001  (the rest still stands)
+        evidence['encoded_deltas'] = []
+        evidence['encoded_deltas_error'] = f'{type(err).__name__}: {err}'
+    if evidence['encoded_deltas'] and result['cause'] != 'data':
+        first = evidence['encoded_deltas'][0]
+        result['summary'] += (
+            f"; {first['head']}.{first['loss_name']} ({first['loss_type']}) "
+            'takes boxes but is fed encoded deltas (reg_decoded_bbox=False)'
+        )
     report['cause'] = result['cause']
     report['stage'] = result['stage']
     report['reproduced'] = result['reproduced']

@@ -99,7 +99,8 @@ def loss_growth(
 def lr_off_schedule(
     history: List[Dict[str, Any]], iteration: int
 ) -> Optional[Dict[str, Any]]:
-    """The buffered iteration whose lr was furthest above the schedule.
+    """The buffered iteration and param group whose lr was furthest above
+    the schedule.
 
     An lr changed by the configured param schedulers (warmup, steps,
     cosine) is expected, however fast it rises; an lr above what they
@@ -114,14 +115,35 @@ def lr_off_schedule(
 
     Returns:
         dict | None: ``ratio`` (lr over the prescribed lr), ``iteration``,
-        ``lr``, ``lr_scheduled``; None when no iteration has both.
+        ``group`` (the param group's index over every optimizer), ``lr``,
+        ``lr_scheduled``; None when no iteration has both.
     """
     points = []
     for h in history:
-        lr, planned = _number(h.get('lr')), _number(h.get('lr_scheduled'))
-        if h['iteration'] <= iteration and lr and planned and planned > 0:
-            points.append((lr / planned, h['iteration'], lr, planned))
+        if h['iteration'] > iteration:
+            continue
+        for group, (lr, planned) in enumerate(_group_lrs(h)):
+            if lr and planned and planned > 0:
+                points.append(
+                    (lr / planned, h['iteration'], group, lr, planned)
+                )
     if not points:
         return None
-    ratio, it, lr, planned = max(points)
-    return dict(ratio=ratio, iteration=it, lr=lr, lr_scheduled=planned)
+    ratio, it, group, lr, planned = max(points)
+    return dict(
+        ratio=ratio, iteration=it, group=group, lr=lr, lr_scheduled=planned
+    )
+
+
+def _group_lrs(
+    entry: Dict[str, Any],
+) -> List[Tuple[Optional[float], Optional[float]]]:
+    """``(live, prescribed)`` lr of every param group of a history entry
+    (``lrs``/``lrs_scheduled``; an older report's single ``lr``)."""
+    if entry.get('lrs') is not None:
+        planned = list(entry.get('lrs_scheduled') or [])
+        planned += [None] * (len(entry['lrs']) - len(planned))
+        return [
+            (_number(a), _number(b)) for a, b in zip(entry['lrs'], planned)
+        ]
+    return [(_number(entry.get('lr')), _number(entry.get('lr_scheduled')))]

@@ -77,22 +77,38 @@ def _drop_in_lines(entries: List[Dict[str, Any]]) -> List[str]:
     return lines
 
 
+def _mismatched_heads(evidence: Dict[str, Any]) -> List[str]:
+    """The heads that feed encoded deltas to their box loss."""
+    return [m['head'] for m in evidence.get('encoded_deltas') or []]
+
+
+def _in_heads(module: str, heads: List[str]) -> bool:
+    return any(module == h or module.startswith(f'{h}.') for h in heads)
+
+
 def _culprits(evidence: Dict[str, Any], terms: List[str]) -> List[Dict]:
-    """The loss modules of ``terms``, and the box coder of a box term."""
+    """The loss modules of ``terms``, and the box coder of a box term;
+    none of a head that feeds encoded deltas to its box loss (no drop-in
+    helps there: the fix is ``reg_decoded_bbox=True``)."""
     entries = [
         e for e in evidence.get('loss_modules', []) if e['term'] in terms
     ]
     if any('bbox' in t for t in terms):
         entries += [e for e in evidence.get('box_coders', []) if e['drop_in']]
-    return entries
+    heads = _mismatched_heads(evidence)
+    return [e for e in entries if not _in_heads(e['module'], heads)]
 
 
 def _loss_remedy(evidence: Dict[str, Any], replay: ReplayResult) -> List[str]:
     terms = [t for t in replay.nonfinite_terms if t != 'loss']
     entries = _culprits(evidence, terms)
-    if not entries and evidence.get('loss_first_module'):
-        entries = [evidence['loss_first_module']]
+    first = evidence.get('loss_first_module')
+    heads = _mismatched_heads(evidence)
+    if not entries and first and not _in_heads(first['module'], heads):
+        entries = [first]
     lines = _drop_in_lines(entries)
+    if heads:
+        return lines
     if any('seg' in t or 'decode' in t or '_ce' in t for t in terms):
         lines.append(
             'Set the loss `ignore_index` to the label of void pixels.'
@@ -232,6 +248,12 @@ def remedies(diagnosis: Dict[str, Any], replay: ReplayResult) -> List[str]:
     cause = diagnosis['cause']
     evidence = diagnosis['evidence']
     lines: List[str] = []
+    if cause != 'data':
+        # the real fix of a box loss fed encoded deltas comes first
+        lines += [
+            m['fix'].replace('nanguard: ', '', 1)
+            for m in evidence.get('encoded_deltas') or []
+        ]
     if diagnosis.get('fp16_overflow'):
         lines.append(
             'fp16 overflow: train in bf16 (`AmpOptimWrapper` with '

@@ -227,8 +227,22 @@ def render_markdown(report: Dict[str, Any]) -> str:
         out.append(
             f"- learning rate vs schedule: at most {off['ratio']:.3g}x "
             f"what the param schedulers prescribe (iteration "
-            f"{off['iteration']}: {off['lr']:.3g} vs "
+            f"{off['iteration']}"
+            + (
+                f", param group {off['group']}"
+                if off.get('group') is not None
+                else ''
+            )
+            + f": {off['lr']:.3g} vs "
             f"{off['lr_scheduled']:.3g})"
+        )
+    for entry in ev.get('encoded_deltas') or []:
+        coder = f" from `{entry['coder_type']}`" if entry['coder_type'] else ''
+        out.append(
+            f"- box loss fed encoded deltas: `{entry['head']}."
+            f"{entry['loss_name']}` (`{entry['loss_type']}`, which takes "
+            f'boxes) gets the deltas{coder}, as `{entry["head"]}` has '
+            '`reg_decoded_bbox=False`'
         )
     for entry in ev.get('loss_modules', []):
         out.append(

@@ -117,7 +117,7 @@ def write_timeline(report: Dict[str, Any], folder: str) -> str:
     )
     axes[-1].set_xlabel('iteration')
     axes[-1].xaxis.set_major_locator(MaxNLocator(integer=True))
-    title = f"NanGuard: {report['kind']} at iteration {report['iteration']}"
+    title = f"nanguard: {report['kind']} at iteration {report['iteration']}"
     if report.get('cause'):
         title += f" -- cause: {report['cause']}"
     summary = (report.get('diagnosis') or {}).get('summary')

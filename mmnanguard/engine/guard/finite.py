@@ -7,6 +7,7 @@ import torch
 from torch import Tensor
 
 from ..incident import json_number
+from .dtensor import local
 
 try:  # torch >= 2.6: foreach norms grouped by device and dtype
     from torch.nn.utils import get_total_norm as _get_total_norm
@@ -66,6 +67,7 @@ def any_nonfinite(tensors: List[Tensor]) -> Tensor:
 
 def _floating_leaves(tree: Any, prefix: str) -> List[Tuple[str, Tensor]]:
     if isinstance(tree, Tensor):
+        tree = local(tree)  # a DTensor: this rank's shard
         return [(prefix, tree)] if tree.is_floating_point() else []
     if isinstance(tree, dict):
         items: Iterable = tree.items()

@@ -13,6 +13,7 @@ from typing import Any, List, Optional
 import torch
 from torch import Tensor
 
+from ..incident.batch_layout import target_tensors
 from .step_guard import StepGuard
 
 
@@ -27,7 +28,10 @@ def _floating(obj: Any) -> List[Tensor]:
 
 def batch_tensors(data: Any) -> List[Tensor]:
     """The floating tensors of a preprocessed batch that the guard checks:
-    ``inputs`` and ``gt_instances.bboxes`` of every data sample.
+    ``inputs`` and the ground-truth boxes, in either batch layout
+    (:func:`~mmnanguard.engine.incident.batch_layout.target_tensors`:
+    ``gt_instances.bboxes`` of every data sample, or mmyolo's
+    ``bboxes_labels`` and ``keypoints``).
 
     Args:
         data (dict | list | tuple): The data preprocessor's output.
@@ -38,10 +42,8 @@ def batch_tensors(data: Any) -> List[Tensor]:
     if not isinstance(data, dict):
         return []
     tensors = _floating(data.get('inputs'))
-    for sample in data.get('data_samples') or []:
-        instances = getattr(sample, 'gt_instances', None)
-        if instances is not None and 'bboxes' in instances:
-            tensors += _floating(instances.bboxes)
+    for boxes in target_tensors(data):
+        tensors += _floating(boxes)
     return tensors
 
 

@@ -31,9 +31,24 @@ with ``eta_min > 0`` the ramp also scales eta_min's share, so it lands
 slightly off the schedule (measured in ``test_lr_backoff.py``: at most
 1.4 % above it with ``eta_min = lr / 10``, shrinking to 0 as both reach
 ``eta_min``).
+
+Rollbacks compound: a rollback restores lrs that carry the multiplier of
+the restored state and backs off from the smaller of that and the
+multiplier in effect when training failed (0.5, then 0.25, ...), so a
+retry does not climb back to the lr where it failed.
+
+Scheduler hooks that set the lr from values they cached (mmyolo's
+``YOLOv5ParamSchedulerHook`` in ``before_train_iter`` and
+``after_train_epoch``) overwrite a backoff. :meth:`LrBackoff.enforce`
+runs after every other hook's ``before_train_iter``, right before the
+step: an lr that changed since the guard last saw it, and that is not
+the value a param scheduler wrote (those continue from the backed-off
+lr), was reset by someone else, and gets the multiplier again.
 """
 
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
+
+from mmengine.hooks import ParamSchedulerHook
 
 from .optim_members import optim_wrapper_members
 
@@ -44,6 +59,36 @@ NON_CHAINING_SCHEDULERS = (
     'CosineRestartLR',
     'CosineRestartParamScheduler',
 )
+
+
+def param_groups(optim_wrapper) -> List[Dict[str, Any]]:
+    """Every param group of every optimizer, in order (the optimizers'
+    own groups: not mmengine's ``base_param_settings`` entry)."""
+    return [
+        group
+        for wrapper in optim_wrapper_members(optim_wrapper)
+        for group in wrapper.optimizer.param_groups
+    ]
+
+
+def live_lrs(optim_wrapper) -> List[float]:
+    """The live lr of every param group of every optimizer, in the order
+    of :func:`param_groups` (Python floats; no device value)."""
+    return [float(group['lr']) for group in param_groups(optim_wrapper)]
+
+
+def describe_lr_changes(
+    before: Sequence[float], after: Sequence[float], limit: int = 4
+) -> str:
+    """``'0.02->0.01, 0.04->0.02'``: the distinct changes of the param
+    groups, at most ``limit`` of them, then how many groups there are."""
+    pairs = list(
+        dict.fromkeys(f'{a:.3g}->{b:.3g}' for a, b in zip(before, after))
+    )
+    text = ', '.join(pairs[:limit])
+    if len(pairs) > limit:
+        text += f', ... ({len(before)} param groups)'
+    return text
 
 
 def scale_learning_rates(
@@ -83,6 +128,8 @@ class LrBackoff:
         self.multiplier = 1.0
         self._ramp_from = 1.0
         self._ramp_start: Optional[int] = None
+        #: The lr of every param group as the guard last saw or set it.
+        self._seen: Optional[List[float]] = None
 
     def back_off(
         self, optim_wrapper, iteration: int
@@ -104,6 +151,91 @@ class LrBackoff:
         ``multiplier`` was applied; a ramp in progress is abandoned."""
         self.multiplier = float(multiplier)
         self._ramp_start = None
+
+    def back_off_restored(
+        self, optim_wrapper, restored_multiplier: float, iteration: int
+    ) -> float:
+        """Back off after a rollback, compounding.
+
+        The restored lrs carry ``restored_multiplier``; the new multiplier
+        is ``factor`` times the smaller of it and the multiplier in effect
+        when training failed, so that each rollback to the same state
+        halves the lr again (with ``factor=0.5``) instead of retrying the
+        lr that failed.
+
+        Args:
+            optim_wrapper (OptimWrapper | OptimWrapperDict): The runner's,
+                its lrs just restored.
+            restored_multiplier (float): The multiplier of the restored
+                state.
+            iteration (int): The iteration the rollback happens at.
+
+        Returns:
+            float: The new multiplier.
+        """
+        restored_multiplier = float(restored_multiplier)
+        target = min(self.multiplier, restored_multiplier) * self.factor
+        scale_learning_rates(optim_wrapper, target / restored_multiplier)
+        self.multiplier = target
+        self._ramp_start = None
+        if self.recover_iters:
+            self._ramp_from = target
+            self._ramp_start = iteration
+        return target
+
+    def remember(self, optim_wrapper) -> None:
+        """Note every group's lr as the guard leaves it (after its own
+        writes at the end of an iteration)."""
+        self._seen = live_lrs(optim_wrapper)
+
+    def changed_since_seen(self, optim_wrapper) -> List[int]:
+        """The groups whose lr differs from what the guard last saw or
+        set (read after the step: a change made after
+        :meth:`enforce`, inside the step)."""
+        if self._seen is None:
+            return []
+        lrs = live_lrs(optim_wrapper)
+        if len(lrs) != len(self._seen):
+            return []
+        return [i for i, (a, b) in enumerate(zip(lrs, self._seen)) if a != b]
+
+    def enforce(
+        self, optim_wrapper, carried: Sequence[Set[float]]
+    ) -> List[Tuple[float, float]]:
+        """Right before the step: give the multiplier back to every lr that
+        was reset since the guard last saw it.
+
+        An lr that equals what the guard last saw, or a value a param
+        scheduler wrote (``carried``: those continue from the backed-off
+        lr), keeps the backoff. Any other value was set by someone else
+        from values that do not carry it (a scheduler hook), and is
+        multiplied by :attr:`multiplier`.
+
+        Args:
+            optim_wrapper (OptimWrapper | OptimWrapperDict): The runner's.
+            carried (sequence[set[float]]): Per param group (the order of
+                :func:`param_groups`), the values the lr schedulers wrote
+                last.
+
+        Returns:
+            list[tuple]: ``(lr_found, lr_set)`` per group re-backed-off.
+        """
+        groups = param_groups(optim_wrapper)
+        changes = []
+        seen = self._seen
+        if (
+            self.multiplier != 1.0
+            and seen is not None
+            and len(seen) == len(groups)
+        ):
+            for i, group in enumerate(groups):
+                lr = group['lr']
+                if lr == seen[i] or (i < len(carried) and lr in carried[i]):
+                    continue
+                group['lr'] = lr * self.multiplier
+                changes.append((float(lr), float(group['lr'])))
+        self._seen = [float(group['lr']) for group in groups]
+        return changes
 
     def target(self, iteration: int) -> float:
         """The multiplier the ramp prescribes after ``iteration``."""
@@ -153,4 +285,17 @@ def non_chaining_schedulers(runner) -> List[str]:
         type(s).__name__
         for s in schedulers
         if type(s).__name__ in NON_CHAINING_SCHEDULERS
+    ]
+
+
+def lr_setting_hooks(runner) -> List[str]:
+    """The hooks that set the lr themselves: the runner's hooks built from a
+    subclass of mmengine's ``ParamSchedulerHook`` (mmyolo's
+    ``YOLOv5ParamSchedulerHook``), which steps no param scheduler of its
+    own but writes ``group['lr']`` from the values it cached."""
+    return [
+        type(hook).__name__
+        for hook in getattr(runner, 'hooks', [])
+        if isinstance(hook, ParamSchedulerHook)
+        and type(hook) is not ParamSchedulerHook
     ]

@@ -8,6 +8,7 @@ from typing import Any, Dict, List, Optional
 from mmengine.dist import get_rank, get_world_size
 
 from ..incident import IncidentKind, IncidentReport, json_number
+from ..incident.batch_layout import sample_sources
 from .stage import live_stage
 from .verdict import StepVerdict
 
@@ -19,30 +20,21 @@ def nonfinite_terms(terms: Dict[str, float]) -> Dict[str, str]:
 
 def samples_of(data_batch: Any) -> List[Dict[str, Any]]:
     """``img_path``, ``img_id`` and ``seg_map_path`` of every sample in an
-    mmengine batch."""
-    samples = []
-    data_samples = (
-        data_batch.get('data_samples')
-        if isinstance(data_batch, dict)
-        else None
-    )
-    for sample in data_samples or []:
-        meta = getattr(sample, 'metainfo', {}) or {}
-        samples.append(
-            dict(
-                img_path=meta.get('img_path'),
-                img_id=meta.get('img_id'),
-                seg_map_path=meta.get('seg_map_path'),
-            )
-        )
-    return samples
+    mmengine batch, in either batch layout
+    (:func:`~mmnanguard.engine.incident.batch_layout.sample_sources`)."""
+    return sample_sources(data_batch)
 
 
 def learning_rates(optim_wrapper) -> Dict[str, List[float]]:
-    """The live lr of every param group, per optimizer key (``get_lr()``
-    reads ``param_groups``; no device value)."""
+    """The live lr of every param group, per optimizer key (``'lr'``, or
+    ``'<name>.lr'`` for an ``OptimWrapperDict``), read from the param
+    groups (no device value). ``get_lr()``'s ``base_lr`` entry, which
+    mmengine keeps for schedulers when there are several groups, is not
+    a live lr and is left out."""
     return {
-        k: [float(x) for x in v] for k, v in optim_wrapper.get_lr().items()
+        k: [float(x) for x in v]
+        for k, v in optim_wrapper.get_lr().items()
+        if not k.endswith('base_lr')
     }
 
 

@@ -17,13 +17,19 @@ from .exceptions import (
 from .finite import nonfinite_paths
 from .history import IterationHistory
 from .incident_event import IncidentEvent
-from .lr_backoff import LrBackoff
+from .lr_backoff import (
+    LrBackoff,
+    describe_lr_changes,
+    live_lrs,
+    lr_setting_hooks,
+)
 from .optim_members import optim_wrapper_members
 from .policy import decide_action
+from .rank_agreement import same_on_every_rank
 from .report import build_report
-from .scheduled_lr import ScheduledLr
+from .scheduled_lr import ScheduledLr, carried_values
 from .settings import GuardSettings
-from .snapshot import TrainingSnapshot, write_runner_state
+from .snapshot import TrainingSnapshot, unwrap_model, write_runner_state
 from .snapshot_store import SnapshotStore
 from .spike_detector import SpikeDetector, spikes_as_dicts
 from .step_guard import StepGuard
@@ -124,8 +130,13 @@ class GuardResponder:
         self._work_dir = ''
         self.recorder: Optional[IncidentRecorder] = None
         self.step_guard: Optional[StepGuard] = None
-        self._base_lr: Optional[float] = None
+        self._base_lrs: Optional[List[float]] = None
         self._ckpt_lr_multipliers: Dict[int, float] = {}
+        #: Hooks that set the lr themselves (named in lr messages).
+        self._lr_hooks: List[str] = []
+        #: Whether the lr messages of the current backoff were logged.
+        self._reapply_logged = False
+        self._lost_logged = False
 
     # -- lifecycle -----------------------------------------------------------
     def start(self, runner, step_guard: StepGuard, recorder) -> None:
@@ -134,8 +145,17 @@ class GuardResponder:
         self.step_guard = step_guard
         self.recorder = recorder
         self._work_dir = runner.work_dir
-        self._base_lr = first_lr(runner)
-        self.snapshots.add(TrainingSnapshot.capture(runner), pending=True)
+        self._lr_hooks = lr_setting_hooks(runner)
+        # without lr schedulers the starting lrs are the schedule, unless
+        # a scheduler hook sets them
+        self._base_lrs = (
+            None if self._lr_hooks else live_lrs(runner.optim_wrapper)
+        )
+        self.lr_backoff.remember(runner.optim_wrapper)
+        snapshot = TrainingSnapshot.capture(runner)
+        # the lrs it holds carry the backoff in effect (a resumed one's)
+        snapshot.lr_multiplier = self.lr_backoff.multiplier
+        self.snapshots.add(snapshot, pending=True)
         step_guard.check_initial_params(self._all_params(runner))
 
     def snapshot_due(self, iteration: int) -> bool:
@@ -150,6 +170,7 @@ class GuardResponder:
     ) -> None:
         """Act on what the steps of ``runner.iter`` decided."""
         verdict = _worst(outcome)
+        self._check_backoff_held(runner)
         self.counters['skipped'] += outcome.skipped
         self.counters['amp_skipped'] += outcome.amp_skipped
         if verdict is not None:
@@ -164,10 +185,10 @@ class GuardResponder:
             runner.iter,
             verdict.loss_terms if verdict else {},
             verdict.grad_norm if verdict else None,
-            first_lr(runner),
-            outcome.loss_scale(),
-            lr_scheduled=self.scheduled_lr.read(
-                runner, self._base_lr, self.lr_backoff.multiplier
+            loss_scale=outcome.loss_scale(),
+            lrs=live_lrs(runner.optim_wrapper),
+            lrs_scheduled=self.scheduled_lr.read_groups(
+                runner, self._base_lrs, self.lr_backoff.multiplier
             ),
         )
         kind = incident_kind(verdict)
@@ -191,7 +212,51 @@ class GuardResponder:
                 f'iteration {runner.iter} (recover_iters='
                 f'{self.settings.recover_iters})'
             )
+        self.lr_backoff.remember(runner.optim_wrapper)
         self.publish(runner)
+
+    def enforce_backoff(self, runner) -> None:
+        """Right before the step (after every hook's
+        ``before_train_iter``): give the lr backoff back to the lrs that a
+        hook reset from its own values since the guard last saw them (see
+        :meth:`LrBackoff.enforce`); logged once per backoff."""
+        changes = self.lr_backoff.enforce(
+            runner.optim_wrapper, carried_values(runner)
+        )
+        if not changes or self._reapply_logged:
+            return
+        self._reapply_logged = True
+        who = (
+            f'by {", ".join(self._lr_hooks)}, which sets the lr from its '
+            'own stored values'
+            if self._lr_hooks
+            else 'by a hook or code other than the param schedulers'
+        )
+        runner.logger.warning(
+            f'nanguard: the lr of {len(changes)} param group(s) was reset '
+            f'{who}; the lr backoff is re-applied before each step '
+            f'(x{self.lr_backoff.multiplier:.3g} of what it sets) from '
+            f'iteration {runner.iter}: '
+            f'{describe_lr_changes(*zip(*changes))}'
+        )
+
+    def _check_backoff_held(self, runner) -> None:
+        """After the step: warn (once per backoff) when an lr changed after
+        :meth:`enforce_backoff` ran, so the step did not use the backoff."""
+        if self.lr_backoff.multiplier == 1.0 or self._lost_logged:
+            return
+        changed = self.lr_backoff.changed_since_seen(runner.optim_wrapper)
+        if changed:
+            self._lost_logged = True
+            runner.logger.warning(
+                f'nanguard: the lr of param group(s) {changed[:8]} changed '
+                "after every hook's before_train_iter ran (in the model's "
+                'train_step, the optim wrapper, or a hook that runs '
+                'later): the step of iteration '
+                f'{runner.iter} did not use the lr backoff '
+                f'x{self.lr_backoff.multiplier:.3g}; nanguard cannot '
+                'enforce it there'
+            )
 
     def check_pending_params(
         self, runner, traces: Dict[int, IterationTrace]
@@ -205,14 +270,15 @@ class GuardResponder:
             known-good state, or raised).
         """
         iteration = self.step_guard.pending_params_check()
-        finite = self.step_guard.flush()
+        read = self.step_guard.read_pending_params()
+        finite, own_finite = (None, None) if read is None else read
         self.snapshots.confirm(finite)
         if finite is False:
             verdict = StepVerdict(
                 iteration=runner.iter,
                 params_finite=False,
                 params_iteration=iteration,
-                local_params_finite=False,
+                local_params_finite=own_finite,
             )
             self._incident(
                 runner, IncidentKind.NONFINITE_PARAMS, verdict, traces
@@ -248,6 +314,20 @@ class GuardResponder:
         self._ckpt_lr_multipliers[
             checkpoint.get('meta', {}).get('iter', -1)
         ] = self.lr_backoff.multiplier
+
+    def checkpoint_incident(
+        self, runner, traces: Dict[int, Any], nonfinite_tensors: List[str]
+    ) -> None:
+        """Handle a non-finite state that the ranks agreed on before a
+        checkpoint write (:mod:`mmnanguard.engine.runner.checkpoint_agreement`;
+        ``nonfinite_tensors``: this rank's findings, possibly none)."""
+        self._incident(
+            runner,
+            IncidentKind.NONFINITE_CHECKPOINT,
+            None,
+            traces,
+            nonfinite_tensors=nonfinite_tensors[:50],
+        )
 
     def state_dict(self) -> Dict[str, Any]:
         """Counters, lr backoff and spike statistics, for checkpoints."""
@@ -347,7 +427,9 @@ class GuardResponder:
                 changes = self._back_off(runner)
                 runner.logger.warning(
                     'nanguard: spike skipped; learning rates x'
-                    f'{self.settings.lr_backoff}: {_lr_changes(changes)}'
+                    f'{self.settings.lr_backoff} (now '
+                    f'x{self.lr_backoff.multiplier:.3g} of the schedule): '
+                    f'{describe_lr_changes(*zip(*changes))}'
                     f'{self._ramp_note()}'
                 )
 
@@ -378,6 +460,9 @@ class GuardResponder:
                 '; the weights in memory were restored to iteration '
                 f'{self.snapshots.newest.iteration}'
             )
+        fix = stop_fix(runner, self.last_report)
+        if fix:
+            message += f'; the fix: {fix}'
         error = NonFiniteTrainingError
         if kind.is_spike:
             error = TrainingSpikeError
@@ -429,6 +514,8 @@ class GuardResponder:
         state = None
         if self.settings.rollback_source == 'checkpoint':
             state = self._checkpoint_state(runner)
+            if not same_on_every_rank(state and state.source):
+                state = None  # not the same file everywhere: the snapshot
             if state is None:
                 runner.logger.warning(
                     'nanguard: no complete checkpoint that loads (and was '
@@ -438,34 +525,50 @@ class GuardResponder:
                 )
         if state is None:
             state = self.snapshots.for_rollback()
+        failed_lrs = live_lrs(runner.optim_wrapper)
         state.restore(runner)
         self.last_restored = state
         self.snapshots.pending = None
         self.step_guard.forget_pending()
         for wrapper in optim_wrapper_members(runner.optim_wrapper):
             wrapper.optimizer.zero_grad(set_to_none=True)
-        # the restored lrs carry the multiplier of the restored state
-        self.lr_backoff.restored(
-            getattr(state, 'lr_multiplier', None)
-            or self._ckpt_lr_multipliers.get(
-                state.iteration, self.lr_backoff.multiplier
-            )
+        # the restored lrs carry the multiplier of the restored state; the
+        # backoff compounds on the smaller of it and the failing one's
+        restored = getattr(
+            state, 'lr_multiplier', None
+        ) or self._ckpt_lr_multipliers.get(
+            state.iteration, self.lr_backoff.multiplier
         )
-        changes = self._back_off(runner)
+        self.counters['lr_backoffs'] += 1
+        self._new_backoff()
+        multiplier = self.lr_backoff.back_off_restored(
+            runner.optim_wrapper, restored, runner.iter
+        )
         self.counters['rollbacks'] += 1
         self.consecutive_skips = 0
+        self.lr_backoff.remember(runner.optim_wrapper)
+        after = live_lrs(runner.optim_wrapper)
         runner.logger.warning(
             f'nanguard: rolled back to the state of iteration '
-            f'{state.iteration} (from {state.source}); learning rates x'
-            f'{self.settings.lr_backoff}: '
-            f'{_lr_changes(changes)}; rollback '
-            f"{self.counters['rollbacks']}/{self.settings.max_rollbacks}"
-            f'{self._ramp_note()}'
+            f'{state.iteration} (from {state.source}); learning rates now '
+            f'x{multiplier:.3g} of the schedule (lr_backoff='
+            f'{self.settings.lr_backoff} per backoff); lr of the failed '
+            f'step -> lr restored: {describe_lr_changes(failed_lrs, after)}'
+            f"; rollback {self.counters['rollbacks']}/"
+            f'{self.settings.max_rollbacks}{self._ramp_note()}'
         )
 
     def _back_off(self, runner) -> List[Tuple[float, float]]:
         self.counters['lr_backoffs'] += 1
-        return self.lr_backoff.back_off(runner.optim_wrapper, runner.iter)
+        self._new_backoff()
+        changes = self.lr_backoff.back_off(runner.optim_wrapper, runner.iter)
+        self.lr_backoff.remember(runner.optim_wrapper)
+        return changes
+
+    def _new_backoff(self) -> None:
+        """A new backoff: its lr messages are logged once more."""
+        self._reapply_logged = False
+        self._lost_logged = False
 
     def _ramp_note(self) -> str:
         n = self.settings.recover_iters
@@ -481,6 +584,34 @@ class GuardResponder:
             for g in w.optimizer.param_groups
             for p in g['params']
         ]
+
+
+def stop_fix(runner, report: Any) -> Optional[str]:
+    """The fix a stop message names: the first remedy of the stopping
+    incident's diagnosis, else (no diagnosis ran) the sentence for a head
+    that feeds encoded deltas to a box loss, found in the built model.
+
+    Args:
+        runner (Runner): The runner.
+        report (IncidentReport, optional): The stopping incident's report.
+
+    Returns:
+        str | None: The fix, or None when nothing names one.
+    """
+    diagnosis = (report.get('diagnosis') if report is not None else None) or {}
+    if diagnosis.get('remedy'):
+        return diagnosis['remedy'][0]
+    # imported here: the models package is not needed to guard a step
+    from mmnanguard.models.loss_kind import encoded_deltas_fix
+
+    try:
+        return encoded_deltas_fix(unwrap_model(runner.model))
+    except Exception as err:  # noqa: BLE001  (the stop must not fail)
+        runner.logger.warning(
+            'nanguard: could not check the heads for a box loss fed '
+            f'encoded deltas: {type(err).__name__}: {err}'
+        )
+        return None
 
 
 def _bad_iteration(
@@ -500,25 +631,3 @@ def _bad_iteration(
     ):
         return verdict.loss_bad_iteration
     return current
-
-
-def first_lr(runner) -> Optional[float]:
-    """The live lr of the first param group (``get_lr()['lr'][0]``; its
-    ``base_lr`` entry, where present, is not the live value)."""
-    lrs = runner.optim_wrapper.get_lr()
-    if hasattr(lrs, 'get') and 'lr' in lrs:
-        values = lrs['lr']
-    else:  # OptimWrapperDict: 'name.lr' keys
-        values = next(
-            (
-                v
-                for k, v in lrs.items()
-                if k.endswith('lr') and 'base' not in k
-            ),
-            [],
-        )
-    return float(values[0]) if len(values) else None
-
-
-def _lr_changes(changes: List[Tuple[float, float]]) -> List[str]:
-    return [f'{a:.3g}->{b:.3g}' for a, b in changes]

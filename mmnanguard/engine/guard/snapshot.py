@@ -9,6 +9,8 @@ from mmengine.model import is_model_wrapper
 from mmengine.runner.checkpoint import CheckpointLoader, weights_to_cpu
 from mmengine.utils import apply_to
 
+from .checkpoint_layout import model_state_for
+
 
 def _copy(x: torch.Tensor, device: Optional[str]) -> torch.Tensor:
     if not device:
@@ -113,7 +115,9 @@ class TrainingSnapshot:
         this swaps them back, as ``EMAHook.after_load_checkpoint`` does.
         """
         ckpt = CheckpointLoader.load_checkpoint(path, map_location='cpu')
-        model_state = dict(ckpt['state_dict'])
+        model_state = model_state_for(
+            ckpt['state_dict'], unwrap_model(runner.model)
+        )
         ema_state = ckpt.get('ema_state_dict')
         ema = []
         if ema_state is not None and ema_hooks(runner):

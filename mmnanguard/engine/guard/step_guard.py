@@ -22,12 +22,13 @@ the verdict catches before the step (and no rank skips a collective).
 
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from mmengine import dist
 from torch import Tensor
 
+from .dtensor import global_value, local
 from .finite import any_nonfinite
 from .spike_detector import SpikeDetector
 from .verdict import IterationOutcome, StepVerdict
@@ -126,7 +127,7 @@ class StepGuard:
 
     def note_loss(self, owner: object, loss: Tensor) -> None:
         """The loss ``owner`` (an optim wrapper) runs backward on."""
-        loss = loss.detach()
+        loss = global_value(loss.detach())
         bad = ~torch.isfinite(loss).all()
         window = self._windows.get(id(owner))
         if window is None:
@@ -183,6 +184,9 @@ class StepGuard:
             first = per_param[0].device
             norms = torch.stack([n.to(first) for n in per_param])
             total = torch.linalg.vector_norm(norms, norm_type)
+            # sharded gradients: the total is replicated (reduced inside
+            # the norm); the per-parameter norms name this rank's shards
+            norms, total = local(norms), global_value(total)
         else:
             norms, total = None, zero
         parts: List[Tensor] = [_as(total, device).reshape(1)]
@@ -377,7 +381,7 @@ class StepGuard:
     def _queue_params_check(
         self, params: Sequence[Tensor], iteration: int
     ) -> None:
-        tensors = [p.detach() for p in params] + [
+        tensors = [local(p.detach()) for p in params] + [
             b for b in self.buffers if b.is_floating_point()
         ]
         if not tensors:
@@ -403,14 +407,28 @@ class StepGuard:
         """Read a pending parameter check now (one read; at the end of
         training). Returns whether the parameters were finite (agreed by
         all ranks), or None when no check was pending."""
+        read = self.read_pending_params()
+        return None if read is None else read[0]
+
+    def read_pending_params(self) -> Optional[Tuple[bool, bool]]:
+        """Read a pending parameter check now (one read, before a
+        checkpoint or at the end of training).
+
+        Returns:
+            tuple[bool, bool] | None: Whether the parameters were finite
+            on every rank (agreed) and on this rank alone; None when no
+            check was pending.
+        """
         flag = self._params_flag
         if flag is None:
             return None
         self._params_flag = None
-        votes = flag.to(_dtype(flag.device)).reshape(1)
+        own = flag.to(_dtype(flag.device)).reshape(1)
+        votes = own.clone()
         if dist.get_world_size() > 1:
             dist.all_reduce(votes, op='sum')
-        return not votes.tolist()[0]
+        agreed_bad, own_bad = torch.cat([votes, own]).tolist()
+        return not agreed_bad, not own_bad
 
 
 def _amp_state(scaler: Any, optimizer: Any) -> Optional[List[Tensor]]:

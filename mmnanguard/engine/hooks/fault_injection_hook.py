@@ -9,6 +9,7 @@ from mmengine.hooks import Hook
 
 from mmnanguard.registry import HOOKS, register_shared
 
+from ..guard.dtensor import local
 from ..guard.snapshot import unwrap_model
 from ..optimizers import optim_wrapper_members
 
@@ -137,6 +138,7 @@ class FaultInjectionHook(Hook):
                 losses[key] = value + float('inf')
         else:
             weight = next(p for p in module.parameters() if p.requires_grad)
+            weight = local(weight)  # a sharded one: this rank's shard only
             losses['loss_fault_sqrt'] = torch.sqrt(
                 ((weight - weight.detach()) ** 2).sum()
             )
@@ -153,7 +155,7 @@ def _poison_optimizer_state(optim_wrapper) -> None:
         for state in wrapper.optimizer.state.values():
             for value in state.values():
                 if isinstance(value, torch.Tensor) and value.numel() > 1:
-                    value.view(-1)[0] = float('nan')
+                    local(value).view(-1)[0] = float('nan')  # this rank's
                     return
     raise RuntimeError(
         'FaultInjectionHook: the optimizer has no state yet; '

@@ -33,7 +33,8 @@ class NanDiagnosisHook(Hook):
     Nothing else runs while training is healthy: no module carries a hook
     and no stage of this hook is called per iteration.
 
-    On every distinct incident, up to ``max_diagnoses`` (an incident is
+    On every distinct incident, up to ``max_diagnoses``, and always on the
+    incident that stops training (an incident is
     distinct when its samples, kind or live stage differ from one already
     diagnosed, see :mod:`mmnanguard.engine.diagnosis.distinct`), the
     listener replays the incident's batch on the model (state, gradients
@@ -161,8 +162,11 @@ class NanDiagnosisHook(Hook):
                 'is not a training step; nothing to replay'
             )
             return
+        # the incident that stops training is always diagnosed in full:
+        # its report.md is what the user reads
+        stopping = report['action'] == 'raise'
         earlier = self.log.repeat_of(report)
-        if earlier is not None:
+        if earlier is not None and not stopping:
             report['repeat_of'] = earlier
             write_report_json(report, folder)
             write_repeat_markdown(report, folder)
@@ -173,7 +177,7 @@ class NanDiagnosisHook(Hook):
                 'same samples, kind and stage'
             )
             return
-        if self.log.full:
+        if self.log.full and not stopping:
             report['diagnosis_skipped'] = (
                 f'max_diagnoses={self.max_diagnoses} distinct incidents '
                 'were diagnosed already'

@@ -13,7 +13,7 @@ from mmnanguard.registry import HOOKS, register_shared
 from ..guard import GuardSettings, StepGuard
 from ..guard.input_check import capture_input_finiteness
 from ..guard.loss_terms import capture_loss_terms
-from ..guard.lr_backoff import non_chaining_schedulers
+from ..guard.lr_backoff import lr_setting_hooks, non_chaining_schedulers
 from ..guard.optim_members import optim_wrapper_members
 from ..guard.responder import GuardResponder, IterationTrace, Listener
 from ..guard.rng import capture_rng_state
@@ -22,6 +22,29 @@ from ..incident import IncidentRecorder, mark_discarded
 from ..optimizers import install_step_guard
 
 DATA_BATCH = Optional[Any]
+
+
+class LrBackoffEnforcer(Hook):
+    """The guard's last word before the step: registered by
+    :class:`NanGuardHook` with priority ``LOWEST`` after every other hook,
+    its ``before_train_iter`` runs after every hook that sets the lr and
+    gives an lr backoff back to the lrs they reset
+    (:meth:`GuardResponder.enforce_backoff`).
+
+    Args:
+        responder (GuardResponder): The guard's responder.
+    """
+
+    priority = 'LOWEST'
+
+    def __init__(self, responder: GuardResponder) -> None:
+        self.responder = responder
+
+    def before_train_iter(
+        self, runner, batch_idx: int, data_batch: DATA_BATCH = None
+    ) -> None:
+        """Re-apply the lr backoff where a hook reset the lr."""
+        self.responder.enforce_backoff(runner)
 
 
 @register_shared(HOOKS)
@@ -42,7 +65,10 @@ class NanGuardHook(Hook):
     counts, writes the incident folder under ``{work_dir}/nanguard/``,
     emits an :class:`~mmnanguard.engine.guard.incident_event.IncidentEvent`
     to its listeners (:meth:`subscribe`; the diagnosis) and applies the
-    policy (``skip``, ``rollback`` with an lr backoff, ``raise``). Before
+    policy (``skip``, ``rollback`` with an lr backoff, ``raise``). A
+    :class:`LrBackoffEnforcer`, registered ``LOWEST`` after every other
+    hook, keeps the backoff in effect under scheduler hooks that reset the
+    lr from their own values (mmyolo's). Before
     each checkpoint is written, its model and optimizer states are checked
     (a poisoned checkpoint is never written). The counters
     ``train/nanguard_*`` go through the MessageHub to the text log and the
@@ -73,6 +99,7 @@ class NanGuardHook(Hook):
         self.responder = GuardResponder(self.settings)
         self.step_guard: Optional[StepGuard] = None
         self._traces: Dict[int, IterationTrace] = {}
+        self._enforcer = LrBackoffEnforcer(self.responder)
 
     # -- what other hooks and tests read -----------------------------------
     @property
@@ -138,6 +165,9 @@ class NanGuardHook(Hook):
         capture_loss_terms(model, self.step_guard)
         capture_input_finiteness(runner.model, self.step_guard)
         self._warn_about_schedules(runner)
+        if self._enforcer not in runner.hooks:
+            # after every hook registered so far, LOWEST included
+            runner.register_hook(self._enforcer, 'LOWEST')
         recorder = IncidentRecorder(
             runner.work_dir,
             self.settings.max_incidents,
@@ -207,6 +237,12 @@ class NanGuardHook(Hook):
             runner.logger.warning(
                 f'nanguard: {name} recomputes the lr from its stored values: '
                 'it discards an lr backoff at its next step'
+            )
+        for name in lr_setting_hooks(runner):
+            runner.logger.warning(
+                f'nanguard: {name} sets the lr from its own stored values '
+                '(a scheduler hook): an lr backoff is re-applied on top of '
+                'what it sets, right before each step'
             )
         spike = self.settings.spike
         if spike is None or not spike.grad_norm:

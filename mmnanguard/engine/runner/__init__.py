@@ -8,6 +8,7 @@ from mmnanguard.fileio.durable_file import DurableWriteError, write_durable
 
 from .durable_checkpoint_hook import DurableCheckpointHook
 from .model_facts import ModelFacts, facts_from_config, read_model_facts
+from .nanguard_flexible_runner import NanGuardFlexibleRunner
 from .nanguard_runner import NanGuardRunner
 from .preemption import EXIT_PREEMPTED, PreemptionHook, TrainingPreempted
 from .protection import ProtectionSettings
@@ -20,6 +21,7 @@ __all__ = [
     'EXIT_PREEMPTED',
     'LOAD_ERRORS',
     'ModelFacts',
+    'NanGuardFlexibleRunner',
     'NanGuardRunner',
     'PreemptionHook',
     'ProtectionSettings',

@@ -64,47 +64,26 @@ a checkpoint at the next iteration boundary and stop with
 ``TrainingPreempted`` (exit 4 from ``tools/train.py``).
 """
 
-import copy
-import logging
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, Optional
 
 import torch.nn as nn
-from mmengine.dist import master_only
-from mmengine.logging import print_log
-from mmengine.model import is_model_wrapper
-from mmengine.optim import AmpOptimWrapper, OptimWrapperDict
 from mmengine.runner import Runner
 
-from mmnanguard.optional import require_packages
-from mmnanguard.registry import HOOKS, RUNNERS, register_shared
+from mmnanguard.registry import RUNNERS, register_shared
 
-from ..hooks import NanGuardHook
-from .crash_safety import (
-    check_load_from,
-    install_crash_safety,
-    resume_target,
-)
+from ..incident.batch_layout import keep_sample_names
+from .checkpoint_agreement import agree_before_save
+from .crash_safety import install_crash_safety
 from .durable_checkpoint import durable_backend_args
 from .guarded_optim_config import guarded_optim_wrapper_cfg
-from .model_facts import read_model_facts
-from .protection import ProtectionSettings
-from .rewrite import (
-    Note,
-    insert_into_dataloader,
-    insert_into_switch_pipelines,
-    protect_built_model,
-    rewrite_model_config,
-    validate_transform,
+from .protected_runner import (
+    add_protection_hooks,
+    init_protection,
+    log,
+    protect_model,
+    protected_load_or_resume,
+    train_with_signals,
 )
-
-
-def _log(msg: str, level: int = logging.INFO) -> None:
-    print_log(f'NanGuardRunner: {msg}', logger='current', level=level)
-
-
-def _log_notes(notes: List[Note]) -> None:
-    for level, note in notes:
-        _log(note, level)
 
 
 @register_shared(RUNNERS)
@@ -131,27 +110,26 @@ class NanGuardRunner(Runner):
         nanguard: Optional[Dict[str, Any]] = None,
         **kwargs: Any,
     ) -> None:
-        cfg = kwargs.get('cfg') or {}
-        require_packages(cfg, getattr(cfg, 'filename', None))
-        if nanguard is None:
-            nanguard = cfg.get('nanguard')
-        self.protection = ProtectionSettings.from_dict(nanguard)
-        #: Every rewrite note (log level, message), in order.
-        self.protection_notes: List[Note] = []
-        #: The ValidateAnnotations config inserted (None: none).
-        self.validate_transform: Optional[Dict[str, Any]] = None
-        self._model_protected = False
-        model = kwargs.get('model')
-        if self.protection.enabled and isinstance(model, dict):
-            kwargs['model'] = model = copy.deepcopy(model)
-            self.protection_notes += rewrite_model_config(
-                model, self.protection, kwargs.get('default_scope')
-            )
+        init_protection(self, nanguard, kwargs)
         super().__init__(*args, **kwargs)
 
-    def _note(self, notes: List[Note]) -> None:
-        self.protection_notes += notes
-        _log_notes(notes)
+    @classmethod
+    def from_cfg(cls, cfg: Any) -> Runner:
+        """Build the runner from a config; a config with a ``strategy``
+        (which only ``FlexibleRunner`` reads) builds a
+        :class:`~.nanguard_flexible_runner.NanGuardFlexibleRunner`.
+
+        Args:
+            cfg (Config | dict): The training config.
+
+        Returns:
+            NanGuardRunner | NanGuardFlexibleRunner: The runner.
+        """
+        if cls is NanGuardRunner and cfg.get('strategy') is not None:
+            from .nanguard_flexible_runner import NanGuardFlexibleRunner
+
+            return NanGuardFlexibleRunner.from_cfg(cfg)
+        return super().from_cfg(cfg)
 
     # -- after the model is built, before the dataloader ---------------------
     def build_model(self, model: Any) -> nn.Module:
@@ -165,24 +143,19 @@ class NanGuardRunner(Runner):
         Returns:
             nn.Module: The built model.
         """
-        model = super().build_model(model)
-        if not self.protection.enabled or self._model_protected:
-            return model
-        self._model_protected = True
-        _log_notes(self.protection_notes)
-        inner = model.module if is_model_wrapper(model) else model
-        notes = protect_built_model(inner, self.protection)
-        transform, more = validate_transform(
-            self.protection, read_model_facts(inner)
-        )
-        notes += more
-        loader = self._train_dataloader
-        if isinstance(loader, dict):
-            self._train_dataloader = loader = copy.deepcopy(loader)
-        notes += insert_into_dataloader(loader, transform)
-        self.validate_transform = transform
-        self._note(notes)
-        return model
+        return protect_model(self, super().build_model(model))
+
+    @staticmethod
+    def build_dataloader(*args: Any, **kwargs: Any) -> Any:
+        """``Runner.build_dataloader``, with a collate function that keeps
+        the file names of a batch whose ``data_samples`` it packs into a
+        dict (mmyolo's ``yolov5_collate``), for the incident reports
+        (:class:`~mmnanguard.engine.incident.batch_layout.KeepSampleNames`).
+
+        Returns:
+            DataLoader: The built dataloader.
+        """
+        return keep_sample_names(Runner.build_dataloader(*args, **kwargs))
 
     # -- the optim wrapper ----------------------------------------------------
     def build_optim_wrapper(self, optim_wrapper: Any) -> Any:
@@ -199,7 +172,7 @@ class NanGuardRunner(Runner):
         if self.protection.enabled and isinstance(optim_wrapper, dict):
             optim_wrapper, kept = guarded_optim_wrapper_cfg(optim_wrapper)
             if kept:
-                _log(
+                log(
                     f'optim wrapper type(s) {kept} have no registered guarded '
                     'counterpart; NanGuardHook guards them by a class swap'
                 )
@@ -218,53 +191,7 @@ class NanGuardRunner(Runner):
             custom_hooks (list, optional): As in ``Runner``; not modified.
         """
         super().register_hooks(default_hooks, custom_hooks)
-        if not self.protection.enabled:
-            _log("policy='off': no protection added", logging.WARNING)
-            return
-        if any(isinstance(h, NanGuardHook) for h in self._hooks):
-            _log(
-                'a NanGuardHook is already in custom_hooks; it is kept and '
-                'the nanguard settings are not applied',
-                logging.WARNING,
-            )
-        else:
-            self.register_hook(NanGuardHook(**self.protection.guard))
-        amp = self._uses_amp()
-        for hook_cfg in self.protection.hooks:
-            hook_cfg = dict(hook_cfg)
-            when = hook_cfg.pop('when')
-            if when == 'amp' and not amp:
-                continue
-            hook = HOOKS.build(hook_cfg)
-            if any(type(h) is type(hook) for h in self._hooks):
-                _log(
-                    f'a {type(hook).__name__} is already configured; the '
-                    'one in nanguard.hooks is not added',
-                    logging.WARNING,
-                )
-                continue
-            self.register_hook(hook)
-        for hook in self._hooks:
-            if isinstance(getattr(hook, 'switch_pipeline', None), list):
-                hook.switch_pipeline = copy.deepcopy(hook.switch_pipeline)
-        self._note(
-            insert_into_switch_pipelines(self._hooks, self.validate_transform)
-        )
-        names = [type(h).__name__ for h in self._hooks]
-        _log(f'protection active, hooks in order: {names}')
-
-    def _uses_amp(self) -> bool:
-        wrapper = self.optim_wrapper
-        if isinstance(wrapper, OptimWrapperDict):
-            return any(
-                isinstance(w, AmpOptimWrapper) for w in wrapper.values()
-            )
-        if isinstance(wrapper, AmpOptimWrapper):
-            return True
-        # not built yet: a config dict
-        if isinstance(wrapper, dict):
-            return 'Amp' in str(wrapper.get('type', ''))
-        return False
+        add_protection_hooks(self)
 
     # -- crash safety: durable checkpoints, verified resume, preemption ----
     def register_default_hooks(
@@ -282,7 +209,6 @@ class NanGuardRunner(Runner):
         if self.protection.enabled:
             self.preemption_signals = install_crash_safety(self)
 
-    @master_only
     def save_checkpoint(
         self,
         out_dir: str,
@@ -301,6 +227,7 @@ class NanGuardRunner(Runner):
         Args: as in ``Runner.save_checkpoint``.
         """
         if self.protection.enabled:
+            agree_before_save(self)
             backend_args = durable_backend_args(
                 out_dir, backend_args, file_client_args
             )
@@ -325,17 +252,7 @@ class NanGuardRunner(Runner):
                 not load and no other one does, or ``load_from`` is cut
                 short.
         """
-        if self._has_loaded or not self.protection.enabled:
-            return super().load_or_resume()
-        if not self._resume:
-            if self._load_from is not None:
-                check_load_from(self._load_from)
-            return super().load_or_resume()
-        path = resume_target(self.work_dir, self._load_from)
-        if path is not None:
-            self.resume(path)
-            self._has_loaded = True
-        return None
+        return protected_load_or_resume(self, super().load_or_resume)
 
     def train(self) -> nn.Module:
         """``Runner.train``; in a protected run SIGTERM and SIGINT save a
@@ -346,23 +263,4 @@ class NanGuardRunner(Runner):
         Returns:
             nn.Module: The model after training.
         """
-        signals = getattr(self, 'preemption_signals', None)
-        if signals is None:
-            return super().train()
-        if not signals.install():
-            _log(
-                'not in the main thread: SIGTERM and SIGINT stop training '
-                'at once, without a checkpoint',
-                logging.WARNING,
-            )
-        try:
-            model = super().train()
-        finally:
-            signals.restore()
-        if signals.received is not None:
-            _log(
-                f'{signals.signal_name} received after the last iteration; '
-                'training had finished',
-                logging.WARNING,
-            )
-        return model
+        return train_with_signals(self, super().train)

@@ -18,6 +18,8 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import torch.nn as nn
 
+from mmnanguard.models.drop_in_resolution import describe_kept, losses_kept
+
 from .config_rewrites import (
     complete_validate_settings,
     insert_before_pack,
@@ -53,14 +55,18 @@ def rewrite_model_config(
         return []
     swaps = {s['replace']: s['by'] for s in protection.module_swaps}
     done = swap_module_types(model_cfg, swaps, scope=scope)
-    if done:
-        return [(logging.INFO, f'module swaps: {done}')]
-    return [
-        (
-            logging.WARNING,
-            f'module_swaps matched no module of the model: {swaps}',
+    kept = describe_kept(losses_kept(model_cfg, swaps, scope))
+    notes = [(logging.INFO, f'module swaps: {done}')] if done else []
+    if kept:
+        notes.append((logging.INFO, kept))
+    if not done and not kept:
+        notes.append(
+            (
+                logging.WARNING,
+                f'module_swaps matched no module of the model: {swaps}',
+            )
         )
-    ]
+    return notes
 
 
 def protect_built_model(

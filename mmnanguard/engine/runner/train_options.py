@@ -13,7 +13,21 @@ from .protection import OFF, ProtectionSettings
 
 #: The runner type that the include sets and ``--guard`` selects.
 RUNNER_TYPE = 'mmnanguard.NanGuardRunner'
-_RUNNER_NAMES = (RUNNER_TYPE, 'NanGuardRunner')
+#: Its counterpart for ``FlexibleRunner`` configs (its strategies).
+FLEXIBLE_RUNNER_TYPE = 'mmnanguard.NanGuardFlexibleRunner'
+_RUNNER_NAMES = (
+    RUNNER_TYPE,
+    'NanGuardRunner',
+    FLEXIBLE_RUNNER_TYPE,
+    'NanGuardFlexibleRunner',
+)
+#: The upstream runner types and their protected counterparts.
+PROTECTED_COUNTERPART = {
+    'Runner': RUNNER_TYPE,
+    'mmengine.Runner': RUNNER_TYPE,
+    'FlexibleRunner': FLEXIBLE_RUNNER_TYPE,
+    'mmengine.FlexibleRunner': FLEXIBLE_RUNNER_TYPE,
+}
 GUARD_CHOICES = ('raise', 'skip', 'rollback', OFF)
 
 
@@ -58,11 +72,39 @@ def merge_settings(
 
 
 def protect_with_defaults(cfg: Config) -> None:
-    """Select :class:`NanGuardRunner` with the include's settings, keeping
+    """Select :class:`NanGuardRunner` (:class:`NanGuardFlexibleRunner` for
+    a ``FlexibleRunner`` config) with the include's settings, keeping
     every ``nanguard`` option ``cfg`` already has (in place)."""
-    cfg.runner_type = RUNNER_TYPE
+    named = PROTECTED_COUNTERPART.get(cfg.get('runner_type'))
+    flexible = cfg.get('strategy') is not None or (
+        named == FLEXIBLE_RUNNER_TYPE
+    )
+    cfg.runner_type = FLEXIBLE_RUNNER_TYPE if flexible else RUNNER_TYPE
     cfg.nanguard = merge_settings(
         default_protection(), _plain(cfg.get('nanguard'))
+    )
+
+
+def select_protected_runner(cfg: Config) -> Optional[str]:
+    """Select the protected counterpart of the runner ``cfg`` names itself
+    (in place), when ``cfg`` has the include's ``nanguard`` key but its own
+    ``runner_type='FlexibleRunner'`` (or ``'Runner'``) replaced the
+    include's ``runner_type`` (a config's own keys override its bases').
+
+    Args:
+        cfg (Config): The training config.
+
+    Returns:
+        str | None: What was done, for the log; None: nothing to do.
+    """
+    runner_type = cfg.get('runner_type')
+    counterpart = PROTECTED_COUNTERPART.get(runner_type)
+    if counterpart is None or cfg.get('nanguard') is None:
+        return None
+    cfg.runner_type = counterpart
+    return (
+        f"runner_type={runner_type!r} replaced the include's runner; "
+        f'{counterpart!r} (its protected counterpart) is built instead'
     )
 
 
@@ -94,23 +136,28 @@ def apply_guard_option(cfg: Config, guard: Optional[str]) -> str:
         ValueError: ``guard`` is not a choice, or the config selects a
             different runner type (which the guard cannot wrap).
     """
-    if guard is None:
-        if uses_nanguard_runner(cfg):
-            return 'protection as configured by the config'
-        return 'no protection in the config (add --guard skip to turn it on)'
-    if guard not in GUARD_CHOICES:
+    if guard is not None and guard not in GUARD_CHOICES:
         raise ValueError(
             f'--guard {guard!r} is invalid; allowed values are '
             f'{GUARD_CHOICES}'
         )
+    selected = select_protected_runner(cfg)
+    if guard is None:
+        if selected:
+            return selected
+        if uses_nanguard_runner(cfg):
+            return 'protection as configured by the config'
+        return 'no protection in the config (add --guard skip to turn it on)'
     if not uses_nanguard_runner(cfg):
         if guard == OFF:
             return 'no protection (--guard off)'
-        if cfg.get('runner_type') is not None:
+        runner_type = cfg.get('runner_type')
+        if runner_type not in (None, *PROTECTED_COUNTERPART):
             raise ValueError(
                 f'--guard {guard}: the config sets runner_type='
-                f"{cfg.runner_type!r}; mmnanguard's protection needs "
-                f'runner_type={RUNNER_TYPE!r}. Add NanGuardHook to '
+                f'{runner_type!r}, a runner class mmnanguard has no '
+                'protected counterpart of (it has one of '
+                f'{sorted(PROTECTED_COUNTERPART)}). Add NanGuardHook to '
                 'custom_hooks instead.'
             )
         protect_with_defaults(cfg)
@@ -139,9 +186,18 @@ def build_for_training(runner) -> None:
     as it is). The param schedulers are left to it: they must be built
     after ``auto_scale_lr`` has scaled the learning rates.
 
+    A ``FlexibleRunner``'s strategy builds the optim wrapper with the
+    wrapped model, in ``train()``; a :class:`NanGuardFlexibleRunner` builds
+    and protects its model first (its checks complete the dataloader).
+
     Args:
         runner: The built runner.
     """
+    if not hasattr(runner, 'build_optim_wrapper'):  # a FlexibleRunner
+        if hasattr(runner, 'build_protected_model'):
+            runner.build_protected_model()
+        runner.train_loop  # noqa: B018  (the property builds the loop)
+        return
     if runner.train_loop is not None and runner.optim_wrapper is not None:
         runner.optim_wrapper = runner.build_optim_wrapper(runner.optim_wrapper)
 
@@ -239,3 +295,34 @@ def smoke_test_rows(runner) -> Tuple[List[str], bool]:
         flag = f'  NON-FINITE: {bad}' if bad else ''
         lines.append(f"iter {row['iteration'] + 1}: {text}{flag}")
     return lines, ok
+
+
+def crash_fix(runner) -> Optional[str]:
+    """The config fix for an exception that ended training, when the built
+    model shows its cause; None otherwise (the exception is then a bug to
+    see whole, with its traceback).
+
+    The cause recognised is a head that feeds encoded deltas to a box loss
+    (``reg_decoded_bbox=False``): mmrotate's ``GDLoss_v1(loss_type='kld')``
+    then inverts a degenerate covariance and raises ``LinAlgError`` instead
+    of returning a NaN that the guard would catch.
+
+    Args:
+        runner (Runner): The runner whose ``train()`` raised.
+
+    Returns:
+        str | None: The fix, in config syntax.
+    """
+    from mmengine.model import is_model_wrapper
+
+    from mmnanguard.models.loss_kind import encoded_deltas_fix
+
+    model = getattr(runner, 'model', None)
+    if model is None:
+        return None
+    if is_model_wrapper(model):
+        model = model.module
+    try:
+        return encoded_deltas_fix(model)
+    except Exception:  # noqa: BLE001  (the crash's own error comes first)
+        return None

@@ -89,7 +89,7 @@ def test_lr_off_schedule_and_loss_growth_hand_computed():
     ]
     off = lr_off_schedule(history, iteration=3)
     assert off == dict(
-        ratio=5.0 / 4e-3, iteration=2, lr=5.0, lr_scheduled=4e-3
+        ratio=5.0 / 4e-3, iteration=2, group=0, lr=5.0, lr_scheduled=4e-3
     )
     assert lr_off_schedule(history[:2], iteration=1)['ratio'] == 1.0
     grown = loss_growth(history, iteration=3)

@@ -5,6 +5,7 @@ from mmnanguard.engine.guard import GuardSettings
 from mmnanguard.engine.guard.policy import decide_action
 from mmnanguard.engine.guard.snapshot import TrainingSnapshot
 from mmnanguard.engine.guard.snapshot_store import SnapshotStore
+from mmnanguard.engine.incident import IncidentKind
 
 
 # (settings, kind, consecutive skips, rollbacks used, has state) -> action
@@ -95,10 +96,44 @@ def test_decide_action(
     assert reason in why
 
 
+# The reason names the setting that decided, whole: a spike under
+# policy='raise' with spike.action='skip' is skipped because of
+# spike.action, and must not read 'policy=skip'.
+@pytest.mark.parametrize(
+    'settings, kind, expected',
+    [
+        (
+            dict(policy='raise', spike=dict(action='skip')),
+            'loss_spike',
+            ('skip', 'spike.action=skip'),
+        ),
+        (
+            dict(policy='skip', spike=dict(action='rollback')),
+            'grad_spike',
+            ('rollback', 'spike.action=rollback'),
+        ),
+        (
+            dict(policy='rollback'),
+            'vetoed_update',
+            ('skip', 'spike.action=skip'),
+        ),
+        (dict(policy='raise'), 'nonfinite_loss', ('raise', 'policy=raise')),
+        ({}, 'nonfinite_loss', ('skip', 'policy=skip')),
+    ],
+)
+def test_the_reason_names_the_deciding_setting(settings, kind, expected):
+    got = decide_action(GuardSettings.from_dict(settings), kind, 0, 0, True)
+    assert got == expected
+
+
 @pytest.mark.parametrize('kind', ['nonfinite_weights', '', None, 3])
 def test_an_unknown_kind_is_refused_by_name(kind):
-    with pytest.raises(ValueError, match='incident kind'):
+    with pytest.raises(ValueError) as info:
         decide_action(GuardSettings(), kind, 0, 0, True)
+    message = str(info.value)
+    assert message.startswith(f'nanguard: incident kind {kind!r} is unknown')
+    for known in IncidentKind:
+        assert repr(known.value) in message
 
 
 def _snapshot(iteration):

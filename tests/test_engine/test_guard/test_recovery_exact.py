@@ -153,6 +153,7 @@ def rollback_run(tmp_path_factory, tiny_dota_root):
     )
 
 
+@pytest.mark.slow
 def test_rollback_restores_every_state_bit_for_bit(rollback_run):
     runner, hook, witness, error, _ = rollback_run
     assert error is None and hook.counters['rollbacks'] == 1
@@ -171,6 +172,7 @@ def test_rollback_restores_every_state_bit_for_bit(rollback_run):
     assert lrs == [lr * BACKOFF for lr in taken_lrs]
 
 
+@pytest.mark.slow
 def test_the_restored_states_had_changed_since_the_snapshot(rollback_run):
     # not a vacuous equality: iterations 4 and 5 changed every part
     _, _, witness, _, _ = rollback_run
@@ -188,6 +190,7 @@ def test_the_restored_states_had_changed_since_the_snapshot(rollback_run):
     assert not torch.equal(bad['optimizer']['state'][1]['exp_avg'], moment)
 
 
+@pytest.mark.slow
 def test_param_checks_and_snapshot_shortcut(rollback_run):
     _, hook, _, _, checks = rollback_run
     # a check is queued after the steps of iterations 3 and 7
@@ -208,6 +211,7 @@ def test_param_checks_and_snapshot_shortcut(rollback_run):
     )
 
 
+@pytest.mark.slow
 def test_raise_after_a_poisoned_step_leaves_the_last_snapshot(
     tmp_path, tiny_dota_root
 ):

@@ -1,6 +1,7 @@
 # Copyright (c) mmnanguard contributors. All rights reserved.
 """SpikeDetector and SpikeSettings against hand calculations."""
 
+import numpy as np
 import pytest
 import torch
 from mmengine.runner import Runner
@@ -107,6 +108,29 @@ def test_the_factor_boundary_on_a_window_of_one_value():
     assert check(d, 'x', 500.0) is None  # exactly 10 x: not a spike
     assert d.windows()['x'] == [500.0]
     assert check(d, 'x', 5001.0).reference == 500.0
+
+
+@pytest.mark.parametrize(
+    'factor, reference', [(10.0, 50.0), (10.0, 0.37), (3.0, 0.1), (2.5, 7e3)]
+)
+def test_the_factor_boundary_exactly(factor, reference):
+    # the rule: a spike is a value above factor x the window's max, in the
+    # float32 the detector computes in; the threshold, the float32 just
+    # below it and the one just above it
+    ref = np.float32(reference)
+    threshold = np.float32(factor) * ref
+    below = np.nextafter(threshold, np.float32(0))
+    above = np.nextafter(threshold, np.float32(np.inf))
+    verdicts = {}
+    for name, value in (('below', below), ('at', threshold), ('above', above)):
+        d = detector(factor=factor, warmup=1, window=1)
+        assert check(d, 'x', float(ref)) is None
+        spike = check(d, 'x', float(value))
+        verdicts[name] = spike is not None
+        if spike is not None:
+            assert spike.reference == float(ref)
+            assert spike.value == float(value)
+    assert verdicts == dict(below=False, at=False, above=True)
 
 
 @pytest.mark.parametrize('value', [float('nan'), float('inf'), -float('inf')])

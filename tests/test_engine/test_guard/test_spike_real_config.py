@@ -58,6 +58,7 @@ def same(a, b):
     return all(torch.equal(a[k], b[k]) for k in a if a[k].is_floating_point())
 
 
+@pytest.mark.slow
 def test_injected_100x_loss_term_is_one_detection_and_skipped(
     tmp_path, tiny_dota_root
 ):

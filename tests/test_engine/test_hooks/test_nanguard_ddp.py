@@ -21,7 +21,17 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _worker(rank, world_size, port, work_dir, data_root, policy, fault):
+def _worker(
+    rank,
+    world_size,
+    port,
+    work_dir,
+    data_root,
+    policy,
+    fault,
+    fault_iter=FAULT_ITER,
+    overrides=None,
+):
     os.environ.update(
         RANK=str(rank),
         LOCAL_RANK=str(rank),
@@ -47,11 +57,12 @@ def _worker(rank, world_size, port, work_dir, data_root, policy, fault):
             dict(
                 type='FaultInjectionHook',
                 fault=fault,
-                iteration=FAULT_ITER,
+                iteration=fault_iter,
                 rank=1,
             ),
             dict(type='NanGuardHook', policy=policy, snapshot_interval=1),
         ],
+        **(overrides or {}),
     )
     cfg.env_cfg.dist_cfg = dict(backend='gloo')
     assert prepare_cpu_distributed(cfg, 'pytorch')
@@ -102,6 +113,44 @@ def test_fault_on_rank1_both_ranks_agree(
     assert results[0]['report']['local_fault'] is (fault == 'nan_grad')
     assert results[0]['counters'] == results[1]['counters']
     # the replicas are still identical: nobody stepped alone
+    assert results[0]['checksum'] == pytest.approx(
+        results[1]['checksum'], rel=0, abs=1e-9
+    )
+
+
+def test_params_check_read_at_the_end_blames_the_faulty_rank_only(
+    tmp_path, tiny_dota_root
+):
+    """A NaN momentum on rank 1 in the last iteration turns rank 1's
+    weights NaN, not rank 0's. No later step reads that parameter check:
+    it is read after training (the read of a pending check, also used
+    before a checkpoint). Both ranks roll back; only rank 1 saw it."""
+    work_dir = str(tmp_path)
+    last = MAX_ITERS - 1
+    momentum = dict(optim_wrapper=dict(optimizer=dict(momentum=0.9)))
+    mp.start_processes(
+        _worker,
+        args=(
+            2,
+            _free_port(),
+            work_dir,
+            tiny_dota_root,
+            'rollback',
+            'nan_optimizer_state',
+            last,
+            momentum,
+        ),
+        nprocs=2,
+        join=True,
+        start_method='spawn',
+    )
+    results = [
+        json.load(open(osp.join(work_dir, f'rank{r}.json'))) for r in (0, 1)
+    ]
+    reports = [result['report'] for result in results]
+    assert [r['kind'] for r in reports] == ['nonfinite_params'] * 2
+    assert [r['action'] for r in reports] == ['rollback'] * 2
+    assert [r['local_fault'] for r in reports] == [False, True]
     assert results[0]['checksum'] == pytest.approx(
         results[1]['checksum'], rel=0, abs=1e-9
     )

@@ -17,9 +17,12 @@
 #   EDITABLE       1: mmnanguard is installed editable (the development
 #                  stack); 0: the venv holds the stack only, and
 #                  tools/setup/check_wheel.sh installs the built wheel
-# and the pinned packages are tools/setup/stacks/$STACK.txt.
+# and the pinned packages are tools/setup/stacks/$STACK.txt; where
+# tools/setup/stacks/$STACK-nodeps.txt exists, its packages are installed
+# after them with --no-deps (toolboxes whose declared requirements cannot
+# be met on these machines; their real needs are listed in $STACK.txt).
 # shellcheck shell=bash
-SUPPORTED_STACKS="rotate mmdet onedl core"
+SUPPORTED_STACKS="rotate mmdet onedl core toolboxes"
 TORCH_VERSION="" TORCHVISION_VERSION=""
 case "$STACK" in
     rotate)
@@ -33,12 +36,20 @@ case "$STACK" in
         STACK_VENV=.venv-onedl MMCV_DIST=onedl-mmcv MMCV_VERSION=2.3.6
         MMCV_CXX=20 PRESENT="mmdet mmrotate mmseg" ABSENT="" EDITABLE=0
         TORCH_VERSION=2.14.1 TORCHVISION_VERSION=0.29.1 ;;
+    toolboxes)
+        # mmyolo, mmpretrain and mmpose beside the pinned mmdet 3.1.0: they
+        # need mmcv < 2.1.0 and import torchvision, which has no CPU build
+        # for torch 2.13.0, so this stack takes the onedl stack's torch
+        # 2.14.1 / torchvision 0.29.1 and compiles mmcv 2.0.1 against it.
+        STACK_VENV=.venv-toolboxes MMCV_DIST=mmcv MMCV_VERSION=2.0.1
+        MMCV_CXX=20 PRESENT="mmdet mmyolo mmpretrain mmpose" ABSENT="mmrotate"
+        EDITABLE=0 TORCH_VERSION=2.14.1 TORCHVISION_VERSION=0.29.1 ;;
     core)
         STACK_VENV=.venv-core MMCV_DIST=mmcv MMCV_VERSION=2.0.1 MMCV_CXX=17
         PRESENT="mmdet" ABSENT="mmrotate mmseg" EDITABLE=0 ;;
     *)
         echo "[setup] unknown STACK='$STACK': expected one of" \
-             "$SUPPORTED_STACKS (see README.md, 'Supported stacks')" >&2
+             "$SUPPORTED_STACKS (see docs/stacks.md)" >&2
         exit 2 ;;
 esac
 TORCH_VERSION="${TORCH_VERSION:-2.13.0}"

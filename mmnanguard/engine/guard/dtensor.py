@@ -1,0 +1,42 @@
+# Copyright (c) mmnanguard contributors. All rights reserved.
+"""Plain tensors out of DTensors (sharded training: FSDP2, tensor
+parallel) for the guard's single read, with no collective of its own.
+
+Under FSDP2 (``torch.distributed.fsdp.fully_shard``) gradients and
+parameters are DTensors sharded over the ranks. The global gradient norm
+computed from them is already a replicated DTensor (its reduction happens
+inside the norm, as in ``clip_grad_norm_``); its local value is the global
+one. A parameter's or a gradient's local shard is what this rank checks;
+the ranks' findings are then summed by the read's one ``all_reduce``.
+"""
+
+from typing import Any
+
+from torch import Tensor
+
+try:
+    from torch.distributed.tensor import DTensor
+except ImportError:  # pragma: no cover (torch < 2.4)
+    DTensor = None
+
+
+def is_dtensor(value: Any) -> bool:
+    """Whether ``value`` is a DTensor."""
+    return DTensor is not None and isinstance(value, DTensor)
+
+
+def local(value: Tensor) -> Tensor:
+    """This rank's part of ``value`` (``value`` itself if it is not a
+    DTensor); no communication."""
+    return value.to_local() if is_dtensor(value) else value
+
+
+def global_value(value: Tensor) -> Tensor:
+    """The value every rank sees: a replicated DTensor's local copy (no
+    communication); a sharded or partial one is gathered (one collective;
+    only a tensor-parallel loss is such a value, never under FSDP2)."""
+    if not is_dtensor(value):
+        return value
+    if all(p.is_replicate() for p in value.placements):
+        return value.to_local()
+    return value.full_tensor()

@@ -1,0 +1,146 @@
+# Copyright (c) mmnanguard contributors. All rights reserved.
+"""``NanGuardFlexibleRunner``: the include's protection under mmengine's
+``FlexibleRunner`` and its strategies (``DDPStrategy``, ``FSDPStrategy``,
+``DeepSpeedStrategy``, ``ColossalAIStrategy``).
+
+It is what :meth:`NanGuardRunner.from_cfg` builds for a config with a
+``strategy`` key (``FlexibleRunner`` is the only runner that reads it), and
+what ``tools/train.py`` selects for a config whose own file sets
+``runner_type='FlexibleRunner'`` (see ``docs/distributed.md``).
+
+It adds what :class:`NanGuardRunner` adds (the same functions of
+:mod:`.protected_runner`), where ``FlexibleRunner`` builds things:
+
+* the model: ``FlexibleRunner.train`` hands the model config to
+  ``strategy.prepare``, which builds and wraps it in one go. The model is
+  built first here with the strategy's own ``build_model`` (so an
+  ``FSDPStrategy`` still skips weight init when asked), then protected
+  (labels, ``ValidateAnnotations`` completed from it), then handed on;
+  ``build_model`` returns a built model as it is;
+* the optim wrapper config names the guarded counterpart of each type, as
+  in :class:`NanGuardRunner` (``DeepSpeedOptimWrapper`` has none: the
+  hook guards it by a class swap);
+* every rank checks the state before a checkpoint is written
+  (:mod:`.checkpoint_agreement`): the strategies write on rank 0 only.
+
+Checkpoints are written by the strategy as it writes them (not through the
+durable file writer of :class:`NanGuardRunner`: ``FSDPStrategy`` and
+``DeepSpeedStrategy`` write folders of shards themselves).
+"""
+
+from typing import Any, Dict, Optional
+
+import torch.nn as nn
+from mmengine.runner import FlexibleRunner
+
+from mmnanguard.registry import RUNNERS, register_shared
+
+from .checkpoint_agreement import agree_before_save
+from .crash_safety import install_crash_safety
+from .guarded_optim_config import guarded_optim_wrapper_cfg
+from .protected_runner import (
+    add_protection_hooks,
+    init_protection,
+    log,
+    protect_model,
+    protected_load_or_resume,
+    train_with_signals,
+)
+
+
+@register_shared(RUNNERS)
+class NanGuardFlexibleRunner(FlexibleRunner):
+    """A :class:`~mmengine.runner.FlexibleRunner` that adds mmnanguard's
+    protection.
+
+    Args:
+        *args: Positional arguments of ``FlexibleRunner``.
+        nanguard (dict, optional): The protection settings (see
+            :class:`~.protection.ProtectionSettings`). None reads the
+            ``nanguard`` key of ``cfg``.
+        **kwargs: Keyword arguments of ``FlexibleRunner``.
+
+    Example:
+        >>> _base_ = ['./my_detector.py', 'mmnanguard::_base_/nanguard.py']
+        >>> strategy = dict(type='DDPStrategy')  # selects this runner
+    """
+
+    def __init__(
+        self,
+        *args: Any,
+        nanguard: Optional[Dict[str, Any]] = None,
+        **kwargs: Any,
+    ) -> None:
+        init_protection(self, nanguard, kwargs)
+        optim_wrapper = kwargs.get('optim_wrapper')
+        if self.protection.enabled and isinstance(optim_wrapper, dict):
+            kwargs['optim_wrapper'], kept = guarded_optim_wrapper_cfg(
+                optim_wrapper
+            )
+            if kept:
+                log(
+                    f'optim wrapper type(s) {kept} have no registered guarded '
+                    'counterpart; NanGuardHook guards them by a class swap'
+                )
+        super().__init__(*args, **kwargs)
+
+    def register_hooks(
+        self,
+        default_hooks: Optional[Dict[str, Any]] = None,
+        custom_hooks: Optional[list] = None,
+    ) -> None:
+        """Register the config's hooks, then the protection hooks.
+
+        Args:
+            default_hooks (dict, optional): As in ``FlexibleRunner``.
+            custom_hooks (list, optional): As in ``FlexibleRunner``.
+        """
+        super().register_hooks(default_hooks, custom_hooks)
+        add_protection_hooks(self)
+
+    def register_default_hooks(
+        self, hooks: Optional[Dict[str, Any]] = None
+    ) -> None:
+        """Register the default hooks; in a protected run add the
+        ``PreemptionHook`` (:mod:`.crash_safety`).
+
+        Args:
+            hooks (dict, optional): As in ``FlexibleRunner``.
+        """
+        super().register_default_hooks(hooks)
+        self.preemption_signals = None
+        if self.protection.enabled:
+            self.preemption_signals = install_crash_safety(self)
+
+    def train(self) -> nn.Module:
+        """Build and protect the model, then ``FlexibleRunner.train`` (with
+        SIGTERM / SIGINT saving a checkpoint at the next boundary).
+
+        Returns:
+            nn.Module: The model after training.
+        """
+        self.build_protected_model()
+        return train_with_signals(self, super().train)
+
+    def build_protected_model(self) -> None:
+        """Build the model config with the strategy's own ``build_model``
+        and protect it (once; before the training dataloader is built)."""
+        if self.protection.enabled and isinstance(self.model, dict):
+            self.model = protect_model(
+                self, self.strategy.build_model(self.model)
+            )
+
+    def load_or_resume(self) -> None:
+        """``FlexibleRunner.load_or_resume``; a protected resume takes the
+        newest checkpoint that loads (:mod:`.resume_choice`)."""
+        return protected_load_or_resume(self, super().load_or_resume)
+
+    def save_checkpoint(self, *args: Any, **kwargs: Any) -> None:
+        """``FlexibleRunner.save_checkpoint``, after every rank checked the
+        state to be written (:func:`~.checkpoint_agreement.agree_before_save`).
+
+        Args: as in ``FlexibleRunner.save_checkpoint``.
+        """
+        if self.protection.enabled:
+            agree_before_save(self)
+        super().save_checkpoint(*args, **kwargs)

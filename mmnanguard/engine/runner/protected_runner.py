@@ -1,0 +1,217 @@
+# Copyright (c) mmnanguard contributors. All rights reserved.
+"""What both protected runners do, whatever runner class they extend.
+
+:class:`~.nanguard_runner.NanGuardRunner` extends mmengine's ``Runner`` and
+:class:`~.nanguard_flexible_runner.NanGuardFlexibleRunner` extends
+``FlexibleRunner`` (which is not a ``Runner`` subclass). Each overrides the
+same methods and calls these functions after its own base class's method,
+so the protection is written once.
+"""
+
+import copy
+import logging
+from typing import Any, Callable, Dict, List, Optional
+
+from mmengine.logging import print_log
+from mmengine.model import is_model_wrapper
+from mmengine.optim import AmpOptimWrapper, OptimWrapperDict
+
+from mmnanguard.optional import require_packages
+from mmnanguard.registry import HOOKS
+
+from ..hooks import NanGuardHook
+from .crash_safety import check_load_from, resume_target
+from .model_facts import read_model_facts
+from .protection import ProtectionSettings
+from .rewrite import (
+    Note,
+    insert_into_dataloader,
+    insert_into_switch_pipelines,
+    protect_built_model,
+    rewrite_model_config,
+    validate_transform,
+)
+
+
+def log(msg: str, level: int = logging.INFO) -> None:
+    """Log ``msg`` as the protected runner."""
+    print_log(f'nanguard: {msg}', logger='current', level=level)
+
+
+def log_notes(notes: List[Note]) -> None:
+    """Log each rewrite note at its level."""
+    for level, note in notes:
+        log(note, level)
+
+
+def init_protection(
+    runner: Any, nanguard: Optional[Dict[str, Any]], kwargs: Dict[str, Any]
+) -> None:
+    """Parse the protection settings onto ``runner`` and rewrite the model
+    config in ``kwargs`` (before the base class's ``__init__``).
+
+    Args:
+        runner: The runner being built.
+        nanguard (dict, optional): The settings; None reads ``cfg.nanguard``.
+        kwargs (dict): The keyword arguments of the base ``__init__``;
+            ``model`` is replaced by a rewritten copy.
+    """
+    cfg = kwargs.get('cfg') or {}
+    require_packages(cfg, getattr(cfg, 'filename', None))
+    if nanguard is None:
+        nanguard = cfg.get('nanguard')
+    runner.protection = ProtectionSettings.from_dict(nanguard)
+    #: Every rewrite note (log level, message), in order.
+    runner.protection_notes = []
+    #: The ValidateAnnotations config inserted (None: none).
+    runner.validate_transform = None
+    runner._model_protected = False
+    model = kwargs.get('model')
+    if runner.protection.enabled and isinstance(model, dict):
+        kwargs['model'] = model = copy.deepcopy(model)
+        runner.protection_notes += rewrite_model_config(
+            model, runner.protection, kwargs.get('default_scope')
+        )
+
+
+def protect_model(runner: Any, model: Any) -> Any:
+    """Once per run, on the built model: check its labels and complete
+    ``ValidateAnnotations`` from it in the (not yet built) training
+    dataloader config.
+
+    Args:
+        runner: The runner.
+        model (nn.Module): The built model (wrapped or not).
+
+    Returns:
+        nn.Module: ``model``.
+    """
+    if not runner.protection.enabled or runner._model_protected:
+        return model
+    runner._model_protected = True
+    log_notes(runner.protection_notes)
+    inner = model.module if is_model_wrapper(model) else model
+    notes = protect_built_model(inner, runner.protection)
+    transform, more = validate_transform(
+        runner.protection, read_model_facts(inner)
+    )
+    notes += more
+    loader = runner._train_dataloader
+    if isinstance(loader, dict):
+        runner._train_dataloader = loader = copy.deepcopy(loader)
+    notes += insert_into_dataloader(loader, transform)
+    runner.validate_transform = transform
+    runner.protection_notes += notes
+    log_notes(notes)
+    return model
+
+
+def uses_amp(wrapper: Any) -> bool:
+    """Whether ``wrapper`` (built, or a config dict) is an AMP wrapper."""
+    if isinstance(wrapper, OptimWrapperDict):
+        return any(isinstance(w, AmpOptimWrapper) for w in wrapper.values())
+    if isinstance(wrapper, AmpOptimWrapper):
+        return True
+    if isinstance(wrapper, dict):  # not built yet: a config dict
+        return 'Amp' in str(wrapper.get('type', ''))
+    return False
+
+
+def add_protection_hooks(runner: Any) -> None:
+    """Register the ``NanGuardHook`` and the hooks of ``nanguard.hooks``
+    after the config's own hooks (which are not modified).
+
+    Args:
+        runner: The runner, with its default and custom hooks registered.
+    """
+    if not runner.protection.enabled:
+        log("policy='off': no protection added", logging.WARNING)
+        return
+    if any(isinstance(h, NanGuardHook) for h in runner._hooks):
+        log(
+            'a NanGuardHook is already in custom_hooks; it is kept and '
+            'the nanguard settings are not applied',
+            logging.WARNING,
+        )
+    else:
+        runner.register_hook(NanGuardHook(**runner.protection.guard))
+    amp = uses_amp(runner.optim_wrapper)
+    for hook_cfg in runner.protection.hooks:
+        hook_cfg = dict(hook_cfg)
+        when = hook_cfg.pop('when')
+        if when == 'amp' and not amp:
+            continue
+        hook = HOOKS.build(hook_cfg)
+        if any(type(h) is type(hook) for h in runner._hooks):
+            log(
+                f'a {type(hook).__name__} is already configured; the '
+                'one in nanguard.hooks is not added',
+                logging.WARNING,
+            )
+            continue
+        runner.register_hook(hook)
+    for hook in runner._hooks:
+        if isinstance(getattr(hook, 'switch_pipeline', None), list):
+            hook.switch_pipeline = copy.deepcopy(hook.switch_pipeline)
+    notes = insert_into_switch_pipelines(
+        runner._hooks, runner.validate_transform
+    )
+    runner.protection_notes += notes
+    log_notes(notes)
+    names = [type(h).__name__ for h in runner._hooks]
+    log(f'protection active, hooks in order: {names}')
+
+
+def protected_load_or_resume(runner: Any, base: Callable[[], Any]) -> None:
+    """``load_or_resume`` of a protected run: a resume takes the newest
+    checkpoint that loads (the same on every rank); a cut-short
+    ``load_from`` is refused.
+
+    Args:
+        runner: The runner.
+        base (callable): The base class's ``load_or_resume``, bound.
+    """
+    if runner._has_loaded or not runner.protection.enabled:
+        return base()
+    if not runner._resume:
+        if runner._load_from is not None:
+            check_load_from(runner._load_from)
+        return base()
+    path = resume_target(runner.work_dir, runner._load_from)
+    if path is not None:
+        runner.resume(path)
+        runner._has_loaded = True
+    return None
+
+
+def train_with_signals(runner: Any, base: Callable[[], Any]) -> Any:
+    """Run ``base`` (the base class's ``train``) with SIGTERM / SIGINT
+    turned into a checkpoint at the next iteration boundary.
+
+    Args:
+        runner: The runner.
+        base (callable): The base class's ``train``, bound.
+
+    Returns:
+        nn.Module: What ``base`` returns.
+    """
+    signals = getattr(runner, 'preemption_signals', None)
+    if signals is None:
+        return base()
+    if not signals.install():
+        log(
+            'not in the main thread: SIGTERM and SIGINT stop training '
+            'at once, without a checkpoint',
+            logging.WARNING,
+        )
+    try:
+        model = base()
+    finally:
+        signals.restore()
+    if signals.received is not None:
+        log(
+            f'{signals.signal_name} received after the last iteration; '
+            'training had finished',
+            logging.WARNING,
+        )
+    return model
