@@ -11,13 +11,58 @@ Layout, as mmdet's ``CocoDataset`` reads it::
 import json
 import os
 import os.path as osp
-from typing import Dict
+from typing import Dict, List
 
 import cv2
 import numpy as np
 
 #: Class names of the generated set (pass as ``metainfo=dict(classes=...)``).
 COCO_TINY_CLASSES = ('square', 'bar', 'block')
+
+
+def make_coco_folders(root: str) -> str:
+    """Create ``ROOT/images`` and ``ROOT/annotations``.
+
+    Args:
+        root (str): Dataset root.
+
+    Returns:
+        str: The image folder.
+    """
+    img_dir = osp.join(root, 'images')
+    os.makedirs(img_dir, exist_ok=True)
+    os.makedirs(osp.join(root, 'annotations'), exist_ok=True)
+    return img_dir
+
+
+def write_coco_annotations(
+    root: str,
+    name: str,
+    images: List[dict],
+    annotations: List[dict],
+    categories: List[dict],
+) -> str:
+    """Write ``ROOT/annotations/NAME`` in the COCO format.
+
+    Args:
+        root (str): Dataset root.
+        name (str): The json file's name.
+        images (list[dict]): The ``images`` records.
+        annotations (list[dict]): The ``annotations`` records.
+        categories (list[dict]): The ``categories`` records.
+
+    Returns:
+        str: The written file.
+    """
+    ann_file = osp.join(root, 'annotations', name)
+    with open(ann_file, 'w') as f:
+        json.dump(
+            dict(
+                images=images, annotations=annotations, categories=categories
+            ),
+            f,
+        )
+    return ann_file
 
 
 def generate_coco(
@@ -40,9 +85,7 @@ def generate_coco(
         dict: ``ann_file`` and ``img_dir``, the written paths.
     """
     rng = np.random.default_rng(seed)
-    img_dir = osp.join(root, 'images')
-    os.makedirs(img_dir, exist_ok=True)
-    os.makedirs(osp.join(root, 'annotations'), exist_ok=True)
+    img_dir = make_coco_folders(root)
     images, annotations = [], []
     for i in range(num_images):
         file_name = f'{i:06d}.png'
@@ -84,12 +127,7 @@ def generate_coco(
     categories = [
         dict(id=k + 1, name=n) for k, n in enumerate(COCO_TINY_CLASSES)
     ]
-    ann_file = osp.join(root, 'annotations', 'instances.json')
-    with open(ann_file, 'w') as f:
-        json.dump(
-            dict(
-                images=images, annotations=annotations, categories=categories
-            ),
-            f,
-        )
+    ann_file = write_coco_annotations(
+        root, 'instances.json', images, annotations, categories
+    )
     return dict(ann_file=ann_file, img_dir=img_dir)

@@ -7,13 +7,13 @@ whose 17 joints (the COCO order) are annotated, as mmpose's
     ROOT/annotations/person_keypoints.json
 """
 
-import json
-import os
 import os.path as osp
 from typing import Dict
 
 import cv2
 import numpy as np
+
+from .coco import make_coco_folders, write_coco_annotations
 
 #: The 17 COCO keypoints, in their order.
 COCO_KEYPOINT_NAMES = (
@@ -89,9 +89,7 @@ def generate_coco_keypoints(
         dict: ``ann_file`` and ``img_dir``, the written paths.
     """
     rng = np.random.default_rng(seed)
-    img_dir = osp.join(root, 'images')
-    os.makedirs(img_dir, exist_ok=True)
-    os.makedirs(osp.join(root, 'annotations'), exist_ok=True)
+    img_dir = make_coco_folders(root)
     images, annotations = [], []
     for i in range(num_images):
         file_name = f'{i:06d}.png'
@@ -149,12 +147,7 @@ def generate_coco_keypoints(
             skeleton=[[a + 1, b + 1] for a, b in _LIMBS],
         )
     ]
-    ann_file = osp.join(root, 'annotations', 'person_keypoints.json')
-    with open(ann_file, 'w') as f:
-        json.dump(
-            dict(
-                images=images, annotations=annotations, categories=categories
-            ),
-            f,
-        )
+    ann_file = write_coco_annotations(
+        root, 'person_keypoints.json', images, annotations, categories
+    )
     return dict(ann_file=ann_file, img_dir=img_dir)

@@ -37,11 +37,10 @@ from mmnanguard.registry import RUNNERS, register_shared
 
 from .checkpoint_agreement import agree_before_save
 from .crash_safety import install_crash_safety
-from .guarded_optim_config import guarded_optim_wrapper_cfg
 from .protected_runner import (
     add_protection_hooks,
+    guarded_optim_wrapper,
     init_protection,
-    log,
     protect_model,
     protected_load_or_resume,
     train_with_signals,
@@ -72,16 +71,10 @@ class NanGuardFlexibleRunner(FlexibleRunner):
         **kwargs: Any,
     ) -> None:
         init_protection(self, nanguard, kwargs)
-        optim_wrapper = kwargs.get('optim_wrapper')
-        if self.protection.enabled and isinstance(optim_wrapper, dict):
-            kwargs['optim_wrapper'], kept = guarded_optim_wrapper_cfg(
-                optim_wrapper
+        if 'optim_wrapper' in kwargs:
+            kwargs['optim_wrapper'] = guarded_optim_wrapper(
+                self, kwargs['optim_wrapper']
             )
-            if kept:
-                log(
-                    f'optim wrapper type(s) {kept} have no registered guarded '
-                    'counterpart; NanGuardHook guards them by a class swap'
-                )
         super().__init__(*args, **kwargs)
 
     def register_hooks(

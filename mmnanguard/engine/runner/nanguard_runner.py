@@ -75,11 +75,10 @@ from ..incident.batch_layout import keep_sample_names
 from .checkpoint_agreement import agree_before_save
 from .crash_safety import install_crash_safety
 from .durable_checkpoint import durable_backend_args
-from .guarded_optim_config import guarded_optim_wrapper_cfg
 from .protected_runner import (
     add_protection_hooks,
+    guarded_optim_wrapper,
     init_protection,
-    log,
     protect_model,
     protected_load_or_resume,
     train_with_signals,
@@ -169,14 +168,9 @@ class NanGuardRunner(Runner):
         Returns:
             OptimWrapper | OptimWrapperDict: The built wrapper.
         """
-        if self.protection.enabled and isinstance(optim_wrapper, dict):
-            optim_wrapper, kept = guarded_optim_wrapper_cfg(optim_wrapper)
-            if kept:
-                log(
-                    f'optim wrapper type(s) {kept} have no registered guarded '
-                    'counterpart; NanGuardHook guards them by a class swap'
-                )
-        return super().build_optim_wrapper(optim_wrapper)
+        return super().build_optim_wrapper(
+            guarded_optim_wrapper(self, optim_wrapper)
+        )
 
     # -- hooks -------------------------------------------------------------
     def register_hooks(

@@ -21,6 +21,7 @@ from mmnanguard.registry import HOOKS
 
 from ..hooks import NanGuardHook
 from .crash_safety import check_load_from, resume_target
+from .guarded_optim_config import guarded_optim_wrapper_cfg
 from .model_facts import read_model_facts
 from .protection import ProtectionSettings
 from .rewrite import (
@@ -104,6 +105,31 @@ def protect_model(runner: Any, model: Any) -> Any:
     runner.protection_notes += notes
     log_notes(notes)
     return model
+
+
+def guarded_optim_wrapper(runner: Any, optim_wrapper: Any) -> Any:
+    """The optim wrapper config with each type replaced by its registered
+    guarded counterpart (:mod:`.guarded_optim_config`) in a protected run;
+    a type without one is kept, logged, and guarded by the hook's class
+    swap. A built wrapper, or any wrapper in an unprotected run, is
+    returned as it is.
+
+    Args:
+        runner: The protected runner.
+        optim_wrapper: The ``optim_wrapper`` argument of the runner.
+
+    Returns:
+        The config to build, or ``optim_wrapper`` unchanged.
+    """
+    if not (runner.protection.enabled and isinstance(optim_wrapper, dict)):
+        return optim_wrapper
+    optim_wrapper, kept = guarded_optim_wrapper_cfg(optim_wrapper)
+    if kept:
+        log(
+            f'optim wrapper type(s) {kept} have no registered guarded '
+            'counterpart; NanGuardHook guards them by a class swap'
+        )
+    return optim_wrapper
 
 
 def uses_amp(wrapper: Any) -> bool:
