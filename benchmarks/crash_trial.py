@@ -101,6 +101,13 @@ default_hooks = dict(
 log_processor = dict(by_epoch=False)
 custom_hooks = [dict(type='CrashTrialProbe')]
 """
+#: Appended by ``flexible=True``: the same run under mmengine's
+#: ``FlexibleRunner`` (``tools/train.py --guard skip`` builds
+#: ``NanGuardFlexibleRunner``), whose strategy writes the checkpoints.
+FLEXIBLE_RUNNER = """\
+runner_type = 'FlexibleRunner'
+strategy = dict(type='SingleDeviceStrategy')
+"""
 #: Appended by ``narrow=True``: ResNet-18 at a quarter of its width (a
 #: 6 MB checkpoint instead of 96 MB), for the tests.
 NARROW_MODEL = """\
@@ -133,10 +140,15 @@ def _signal_parent_and_wait() -> None:
 
 def _breaks_here(name: str) -> bool:
     """Whether the write of ``name`` (a file name) is the one to break."""
+    from mmnanguard.fileio.durable_file import TEMP_SUFFIX
+
     if _Break.iteration != _Break.at:
         return False
     if name == 'last_checkpoint':
         return _Break.point.endswith('_in_last_checkpoint')
+    if name.startswith('.') and name.endswith(TEMP_SUFFIX):
+        # the temporary file a FlexibleRunner's strategy fills by name
+        name = name[1:].rsplit('.', 2)[0]
     return name == f'iter_{_Break.at}.pth' and _Break.point.endswith(
         '_in_save'
     )
@@ -318,6 +330,7 @@ class TrialResult:
     lost: List[str] = field(default_factory=list)
     last_checkpoint: str = ''
     leftovers: List[str] = field(default_factory=list)
+    partial: List[str] = field(default_factory=list)
     leftovers_after_resume: List[str] = field(default_factory=list)
     resume_exit: Optional[int] = None
     resume_error: str = ''
@@ -463,10 +476,15 @@ def _last_checkpoint_state(work_dir: str) -> str:
 
 
 def write_config(
-    folder: str, data_root: str, trial: str, narrow: bool = False
+    folder: str,
+    data_root: str,
+    trial: str,
+    narrow: bool = False,
+    flexible: bool = False,
 ) -> str:
     """Write the trial's config (the tiny DOTA config, iteration-based;
-    ``narrow``: with :data:`NARROW_MODEL`)."""
+    ``narrow``: with :data:`NARROW_MODEL`; ``flexible``: with
+    :data:`FLEXIBLE_RUNNER`)."""
     spec = TRIALS[trial]
     path = osp.join(folder, f'{trial}.py')
     with open(path, 'w') as f:
@@ -481,11 +499,18 @@ def write_config(
         )
         if narrow:
             f.write(NARROW_MODEL)
+        if flexible:
+            f.write(FLEXIBLE_RUNNER)
     return path
 
 
 def run_trial(
-    trial: str, guard: str, folder: str, data_root: str, narrow: bool = False
+    trial: str,
+    guard: str,
+    folder: str,
+    data_root: str,
+    narrow: bool = False,
+    flexible: bool = False,
 ) -> TrialResult:
     """Run one trial in ``folder``; return its :class:`TrialResult`.
 
@@ -495,12 +520,14 @@ def run_trial(
         folder (str): A new folder for the config, the work dir and logs.
         data_root (str): A generated DOTA folder (8 images or more).
         narrow (bool): Use :data:`NARROW_MODEL` (faster; for the tests).
+        flexible (bool): Train under ``FlexibleRunner``
+            (:data:`FLEXIBLE_RUNNER`).
     """
     start = time.time()
     os.makedirs(folder, exist_ok=True)
     spec = TRIALS[trial]
     point = spec['point']
-    config = write_config(folder, data_root, trial, narrow)
+    config = write_config(folder, data_root, trial, narrow, flexible)
     work_dir = osp.join(folder, 'work')
     probe = osp.join(folder, 'probe.jsonl')
     marker = osp.join(folder, 'marker')
@@ -542,11 +569,12 @@ def run_trial(
     result.expected_at = _number(newest) if newest else 0
     if point == 'sigterm':  # nothing lost: the state after that iteration
         result.expected_at = BREAK_AT
-    digests = {
-        _number(p): _checkpoint_digests(p)
-        for p in _numbered(work_dir)
-        if _loads(p)
-    }
+    loading = [p for p in _numbered(work_dir) if _loads(p)]
+    # checkpoint names on disk that do not load: a part under a final name
+    result.partial = [
+        osp.basename(p) for p in _numbered(work_dir) if p not in loading
+    ]
+    digests = {_number(p): _checkpoint_digests(p) for p in loading}
     # the resume, as a scheduler's requeue runs it
     settings.update(point='none', marker='')
     starts_before = len(_starts(probe))
@@ -577,8 +605,17 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument('guard', choices=GUARDS)
     parser.add_argument('folder')
     parser.add_argument('data_root')
+    parser.add_argument(
+        '--flexible', action='store_true', help='under FlexibleRunner'
+    )
     args = parser.parse_args(argv)
-    result = run_trial(args.trial, args.guard, args.folder, args.data_root)
+    result = run_trial(
+        args.trial,
+        args.guard,
+        args.folder,
+        args.data_root,
+        flexible=args.flexible,
+    )
     print(json.dumps(dict(asdict(result), outcome=result.outcome())))
     return 0
 

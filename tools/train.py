@@ -172,11 +172,10 @@ def refuse(what: str, err: Exception) -> int:
 
 def build_config(args: argparse.Namespace):
     """Load the config and map the flags onto it (nothing is built)."""
-    from mmengine.config import Config
-
+    from mmnanguard.config_loading import load_training_config
     from mmnanguard.engine.runner import train_options as opts
 
-    cfg = Config.fromfile(args.config)
+    cfg = load_training_config(args.config)
     cfg.launcher = args.launcher
     if args.cfg_options is not None:
         cfg.merge_from_dict(args.cfg_options)

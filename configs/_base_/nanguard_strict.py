@@ -1,5 +1,5 @@
 # Strict protection: the first non-finite value stops training with
 # NonFiniteTrainingError (iteration, loss terms, grad norm, report path).
-_base_ = './nanguard.py'
+_base_ = './nanguard_strict_settings.py'
 
-nanguard = dict(policy='raise', validate_annotations=dict(policy='raise'))
+runner_type = 'mmnanguard.NanGuardRunner'

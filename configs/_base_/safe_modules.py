@@ -27,23 +27,6 @@
 # To keep a module as configured, give the config its own
 # `nanguard = dict(module_swaps=[...])` with the entries it wants (a list
 # replaces the included list as a whole).
-_base_ = './nanguard.py'
+_base_ = './safe_modules_settings.py'
 
-nanguard = dict(
-    module_swaps=[
-        dict(replace='FocalLoss', by='StableFocalLoss'),
-        dict(replace='mmdet.FocalLoss', by='StableFocalLoss'),
-        dict(replace='GDLoss', by='SafeGDLoss'),
-        dict(replace='mmrotate.GDLoss', by='SafeGDLoss'),
-        dict(replace='RotatedIoULoss', by='SafeRotatedIoULoss'),
-        dict(replace='mmrotate.RotatedIoULoss', by='SafeRotatedIoULoss'),
-        dict(replace='DeltaXYWHTRBBoxCoder', by='SafeDeltaXYWHTRBBoxCoder'),
-        dict(
-            replace='mmrotate.DeltaXYWHTRBBoxCoder',
-            by='SafeDeltaXYWHTRBBoxCoder',
-        ),
-        dict(replace='DiceLoss', by='SafeDiceLoss'),
-        dict(replace='mmdet.DiceLoss', by='SafeDiceLoss'),
-        dict(replace='mmseg.DiceLoss', by='SafeDiceLoss'),
-    ]
-)
+runner_type = 'mmnanguard.NanGuardRunner'

@@ -11,6 +11,8 @@ from typing import Any, Optional, Sequence, Tuple
 
 from mmengine.config import Config, DictAction
 
+from mmnanguard.config_loading import load_training_config
+
 from .config_path import resolve_config_path
 
 #: What loading a config or building a type can raise for bad input.
@@ -138,7 +140,7 @@ def load_config(
             "'mmdet::retinanet/retinanet_r50_fpn_1x_coco.py'"
         )
     try:
-        cfg = Config.fromfile(filename)
+        cfg = load_training_config(filename)
         if cfg_options:
             cfg.merge_from_dict(cfg_options)
     except INPUT_ERRORS as err:

@@ -22,7 +22,7 @@ import os
 import os.path as osp
 import stat
 import tempfile
-from typing import List, Optional, Union
+from typing import Callable, List, Optional, Union
 
 #: The suffix of the temporary files of :func:`write_durable`.
 TEMP_SUFFIX = '.nanguard-tmp'
@@ -101,6 +101,44 @@ def write_durable(path: str, data: Union[bytes, str]) -> None:
     """
     if isinstance(data, str):
         data = data.encode('utf-8')
+
+    def write(fd: int, tmp: str) -> None:
+        write_all(fd, data)
+
+    _durable(path, write)
+
+
+def write_durable_by(path: str, write: Callable[[str], None]) -> None:
+    """Let ``write`` write ``path``'s content into a temporary file by
+    name, then publish it as :func:`write_durable` does.
+
+    For a writer that opens its file itself (mmengine's strategies write a
+    checkpoint with ``open(name, 'wb')``): the temporary file already
+    exists, empty, created here with ``O_EXCL`` (so the name is never a
+    link), and ``write`` truncates and fills it.
+
+    Args:
+        path (str): The final file name. Its folder must exist.
+        write (callable): Called with the temporary file's path.
+
+    Raises:
+        DurableWriteError: ``write``, the ``fsync`` or the rename failed
+            with an ``OSError``; ``path`` is unchanged and no temporary
+            file is left.
+    """
+
+    def write_by_name(fd: int, tmp: str) -> None:
+        write(tmp)
+        if not stat.S_ISREG(os.lstat(tmp).st_mode):
+            raise OSError(errno.EEXIST, f'{tmp!r} was replaced by a link')
+
+    _durable(path, write_by_name)
+
+
+def _durable(path: str, write: Callable[[int, str], None]) -> None:
+    """Create the temporary file, ``write(fd, tmp)`` into it, ``fsync``,
+    rename it over ``path``, ``fsync`` the folder; on any error remove the
+    temporary file (an ``OSError`` becomes :class:`DurableWriteError`)."""
     folder = osp.dirname(osp.abspath(path))
     name = osp.basename(path)
     try:
@@ -112,8 +150,8 @@ def write_durable(path: str, data: Union[bytes, str]) -> None:
     try:
         try:
             os.fchmod(fd, FILE_MODE)
-            write_all(fd, data)
-            os.fsync(fd)
+            write(fd, tmp)
+            os.fsync(fd)  # the inode's data, whoever wrote it
         finally:
             os.close(fd)
         os.replace(tmp, path)
@@ -176,4 +214,5 @@ __all__ = [
     'remove_temp_files',
     'write_all',
     'write_durable',
+    'write_durable_by',
 ]

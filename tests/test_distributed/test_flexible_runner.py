@@ -2,7 +2,10 @@
 """Which protected runner a config builds (one process, nothing trained
 except where said): the include under ``FlexibleRunner`` configs."""
 
+import os
 import os.path as osp
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -10,6 +13,11 @@ from mmengine.config import Config
 from mmengine.registry import RUNNERS
 from mmengine.runner import FlexibleRunner
 
+from mmnanguard.config_loading import (
+    SETTINGS_INCLUDE,
+    IncludeCollisionError,
+    load_training_config,
+)
 from mmnanguard.engine.guard.checkpoint_layout import model_state_for
 from mmnanguard.engine.hooks import NanGuardHook
 from mmnanguard.engine.runner import NanGuardFlexibleRunner, NanGuardRunner
@@ -90,6 +98,70 @@ def test_guard_option_still_refuses_a_runner_without_counterpart():
     cfg = Config(dict(runner_type='MyRunner', strategy=dict(type='X')))
     with pytest.raises(ValueError, match="runner_type='MyRunner'"):
         opts.apply_guard_option(cfg, 'skip')
+
+
+SETTINGS = osp.join(REPO, 'configs', '_base_', 'nanguard_settings.py')
+
+
+@pytest.mark.parametrize(
+    'body, expected',
+    [
+        ('', opts.RUNNER_TYPE),
+        ("strategy = dict(type='DDPStrategy')\n", opts.FLEXIBLE_RUNNER_TYPE),
+        ("runner_type = 'Runner'\n", opts.RUNNER_TYPE),
+    ],
+    ids=['no_runner_type', 'strategy', 'own_runner'],
+)
+def test_settings_include_gets_the_protected_runner(tmp_path, body, expected):
+    """The settings-only twin sets no ``runner_type``: ``tools/train.py``
+    builds the protected runner of the config's own (or none)."""
+    path = tmp_path / 'cfg.py'
+    path.write_text(f'_base_ = {[TINY_COCO_CONFIG, SETTINGS]!r}\n{body}')
+    cfg = Config.fromfile(str(path))
+    assert cfg.nanguard == Config.fromfile(INCLUDE).nanguard
+    assert opts.apply_guard_option(cfg, None)
+    assert cfg.runner_type == expected
+
+
+def test_settings_with_a_runner_without_counterpart_are_refused():
+    """Settings no runner would use: an error, not an unprotected run."""
+    cfg = Config(dict(runner_type='MyRunner', nanguard=dict(policy='skip')))
+    with pytest.raises(ValueError, match="runner_type='MyRunner'"):
+        opts.apply_guard_option(cfg, None)
+    # unless the config adds the hook by hand
+    cfg.custom_hooks = [dict(type='mmnanguard.NanGuardHook')]
+    assert 'NanGuardHook' in opts.apply_guard_option(cfg, None)
+
+
+def _two_bases(tmp_path, other: str, include: str) -> str:
+    (tmp_path / 'other.py').write_text(other)
+    bases = [TINY_COCO_CONFIG, str(tmp_path / 'other.py'), include]
+    path = tmp_path / 'cfg.py'
+    path.write_text(f'_base_ = {bases!r}\n')
+    return str(path)
+
+
+def test_runner_type_of_another_base_names_the_twin(tmp_path):
+    path = _two_bases(tmp_path, "runner_type = 'FlexibleRunner'\n", INCLUDE)
+    with pytest.raises(IncludeCollisionError) as err:
+        load_training_config(path)
+    assert path in str(err.value) and SETTINGS_INCLUDE in str(err.value)
+    proc = subprocess.run(
+        [sys.executable, osp.join(REPO, 'tools', 'doctor.py'), path],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ, PYTHONWARNINGS='ignore::UserWarning'),
+    )
+    assert proc.returncode == 2
+    (line,) = proc.stderr.strip().splitlines()
+    assert 'IncludeCollisionError' in line and SETTINGS_INCLUDE in line
+    # the twin loads, and another duplicate key stays mmengine's error
+    twin = _two_bases(tmp_path, "runner_type = 'FlexibleRunner'\n", SETTINGS)
+    assert load_training_config(twin).runner_type == 'FlexibleRunner'
+    other = _two_bases(tmp_path, 'nanguard = dict()\n', SETTINGS)
+    with pytest.raises(KeyError, match='Duplicate key'):
+        load_training_config(other)
 
 
 @pytest.mark.slow

@@ -13,6 +13,7 @@ from mmnanguard.fileio.durable_file import (
     DurableWriteError,
     remove_temp_files,
     write_durable,
+    write_durable_by,
 )
 
 
@@ -93,3 +94,67 @@ def test_remove_temp_files_only_removes_ours(tmp_path):
     assert remove_temp_files(str(tmp_path)) == [str(ours)]
     assert all(path.exists() for path in kept)
     assert link.is_symlink() and target.exists()
+
+
+def _open_and_write(data: bytes):
+    """A writer that opens its file by name, as mmengine's does."""
+
+    def write(tmp: str) -> None:
+        with open(tmp, 'wb') as f:
+            f.write(data)
+
+    return write
+
+
+def test_write_by_name_publishes_what_the_writer_wrote(tmp_path):
+    path = tmp_path / 'iter_3.pth'
+    names = []
+
+    def write(tmp: str) -> None:
+        names.append(os.path.basename(tmp))
+        assert os.path.getsize(tmp) == 0  # created empty, ours
+        assert not path.exists()  # the final name appears only when done
+        _open_and_write(b'checkpoint bytes')(tmp)
+
+    write_durable_by(str(path), write)
+    assert path.read_bytes() == b'checkpoint bytes'
+    assert names[0].startswith('.iter_3.pth.')
+    assert names[0].endswith(TEMP_SUFFIX)
+    assert os.listdir(tmp_path) == ['iter_3.pth']
+    umask = os.umask(0)
+    os.umask(umask)
+    assert path.stat().st_mode & 0o777 == 0o666 & ~umask
+
+
+@pytest.mark.parametrize('fault', ['enospc', 'interrupt'])
+def test_write_by_name_failure_keeps_the_old_file(tmp_path, fault):
+    path = tmp_path / 'iter_3.pth'
+    path.write_bytes(b'complete')
+
+    def write(tmp: str) -> None:
+        _open_and_write(b'half')(tmp)
+        if fault == 'enospc':
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        raise KeyboardInterrupt
+
+    expected = DurableWriteError if fault == 'enospc' else KeyboardInterrupt
+    with pytest.raises(expected):
+        write_durable_by(str(path), write)
+    assert path.read_bytes() == b'complete'
+    assert os.listdir(tmp_path) == ['iter_3.pth']
+
+
+def test_write_by_name_refuses_a_temp_swapped_for_a_link(tmp_path):
+    outside = tmp_path / 'outside.txt'
+    outside.write_text('keep me')
+    work = tmp_path / 'work'
+    work.mkdir()
+
+    def write(tmp: str) -> None:
+        os.unlink(tmp)
+        os.symlink(outside, tmp)
+
+    with pytest.raises(DurableWriteError, match='link'):
+        write_durable_by(str(work / 'iter_3.pth'), write)
+    assert outside.read_text() == 'keep me'
+    assert os.listdir(work) == []

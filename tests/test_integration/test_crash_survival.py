@@ -60,6 +60,8 @@ def test_protected_run_survives(trial, tiny_dota_root, tmp_path):
     )
     assert result.first_exit == exit_status, result
     assert result.lost == [], result
+    if trial != 'truncated_newest':  # no part under a checkpoint's name
+        assert result.partial == [], result
     if trial == 'truncated_newest':  # damaged after the run, not by it
         assert result.last_checkpoint == 'names broken iter_3.pth', result
     else:
@@ -74,6 +76,62 @@ def test_protected_run_survives(trial, tiny_dota_root, tmp_path):
     assert result.weights_match is True, result
     assert result.leftovers_after_resume == [], result
     assert result.survived
+
+
+#: Under ``FlexibleRunner`` (its strategy writes the checkpoints): trial ->
+#: (exit status of the broken run, iteration resumed at, leftover)
+FLEXIBLE_EXPECTED = {
+    'kill_in_save': (-9, 2, '.iter_3.pth.'),
+    'full_disk_keep1': (5, 2, None),
+}
+
+
+@pytest.mark.parametrize('trial', list(FLEXIBLE_EXPECTED))
+@pytest.mark.slow
+def test_protected_flexible_run_survives(trial, tiny_dota_root, tmp_path):
+    """The same breaks in the checkpoint write of ``SingleDeviceStrategy``
+    (``runner_type='FlexibleRunner'``, ``--guard skip``): the strategy
+    fills a temporary file, renamed once complete."""
+    exit_status, resumed_at, leftover = FLEXIBLE_EXPECTED[trial]
+    result = run_trial(
+        trial,
+        'skip',
+        str(tmp_path / trial),
+        tiny_dota_root,
+        narrow=True,
+        flexible=True,
+    )
+    assert result.first_exit == exit_status, result
+    assert result.lost == [], result
+    assert result.last_checkpoint == 'complete (iter_2.pth)', result
+    if leftover is None:
+        assert result.leftovers == [], result
+    else:
+        assert len(result.leftovers) == 1, result
+        assert result.leftovers[0].startswith(leftover), result
+    assert result.partial == [], result
+    assert result.resume_exit == 0, result
+    assert result.resumed_at == resumed_at, result
+    assert result.weights_match is True, result
+    assert result.leftovers_after_resume == [], result
+
+
+@pytest.mark.slow
+def test_bare_flexible_runner_leaves_a_partial_checkpoint(
+    tiny_dota_root, tmp_path
+):
+    """The same kill against bare ``FlexibleRunner``: half of
+    ``iter_3.pth`` under its final name."""
+    result = run_trial(
+        'kill_in_save',
+        'off',
+        str(tmp_path / 'bare'),
+        tiny_dota_root,
+        narrow=True,
+        flexible=True,
+    )
+    assert result.first_exit == -9 and result.leftovers == []
+    assert result.partial == ['iter_3.pth'], result
 
 
 @pytest.mark.slow

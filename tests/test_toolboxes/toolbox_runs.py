@@ -67,10 +67,19 @@ def train_protected(
     tmp_path: Any,
     upstream: str,
     shrink: Callable[[Config], None],
+    include: str = 'mmnanguard::_base_/nanguard.py',
+    own_lines: str = '',
 ) -> Dict[str, Any]:
     """Train ``upstream`` + the include, shrunk by ``shrink`` and
     :func:`shrink_runtime`, with ``nan_grad`` planted at
     :data:`FAULT_ITER`.
+
+    Args:
+        tmp_path: The work dir.
+        upstream (str): The upstream config file.
+        shrink (callable): Shrinks the loaded config in place.
+        include (str): The include listed after ``upstream``.
+        own_lines (str): Lines of the user's config after ``_base_``.
 
     Returns:
         dict: ``runner``, ``recorder`` (:class:`RunRecorder`), ``reports``
@@ -80,9 +89,7 @@ def train_protected(
     """
     work_dir = str(tmp_path)
     path = tmp_path / 'user_config.py'
-    path.write_text(
-        f"_base_ = [{upstream!r}, 'mmnanguard::_base_/nanguard.py']\n"
-    )
+    path.write_text(f'_base_ = [{upstream!r}, {include!r}]\n{own_lines}')
     cfg = Config.fromfile(str(path))
     shrink(cfg)
     shrink_runtime(cfg, work_dir, max_iters=MAX_ITERS, batch_size=BATCH)

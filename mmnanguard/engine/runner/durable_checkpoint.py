@@ -19,6 +19,16 @@ other hook that calls ``runner.save_checkpoint``. Remote ``out_dir``\\ s
 (``s3://``, ``petrel://``...), an explicit non-local ``backend_args`` and
 the deprecated ``file_client_args`` are passed on unchanged.
 
+Under ``FlexibleRunner`` the strategy writes the checkpoint itself, with
+no backend to select. :func:`save_strategy_checkpoint` makes the write of
+a strategy that writes one file from the main process
+(``SingleDeviceStrategy``, ``DDPStrategy``) durable the same way: the
+strategy writes into the temporary file
+(:func:`~mmnanguard.fileio.durable_file.write_durable_by`), which is
+renamed to the checkpoint's name once complete. ``FSDPStrategy``,
+``DeepSpeedStrategy`` and ``ColossalAIStrategy`` write folders of shards
+from every rank and are left as they are.
+
 Cost: one ``fsync`` of the checkpoint and one of its folder per save (the
 data is written once, as before; mmengine already holds the whole
 serialized checkpoint in memory before writing it).
@@ -26,13 +36,15 @@ serialized checkpoint in memory before writing it).
 
 import os.path as osp
 from pathlib import Path
-from typing import Optional, Union
+from typing import Any, Callable, Optional, Union
 
 import mmengine
+from mmengine._strategy import DDPStrategy, SingleDeviceStrategy
+from mmengine.dist import is_main_process
 from mmengine.fileio import LocalBackend, register_backend
 from mmengine.fileio.backends import backends as registered_backends
 
-from mmnanguard.fileio.durable_file import write_durable
+from mmnanguard.fileio.durable_file import write_durable, write_durable_by
 
 #: The name of :class:`DurableLocalBackend` in mmengine's backend registry.
 BACKEND_NAME = 'nanguard_durable_local'
@@ -106,8 +118,64 @@ def durable_backend_args(
     return backend_args
 
 
+#: The strategies' ``save_checkpoint`` methods that write one file, from
+#: the main process only.
+_ONE_FILE_SAVES = (
+    SingleDeviceStrategy.save_checkpoint,
+    DDPStrategy.save_checkpoint,
+)
+
+
+def writes_one_file(strategy: Any) -> bool:
+    """Whether ``strategy`` saves a checkpoint as one file written by the
+    main process (its ``save_checkpoint`` is ``SingleDeviceStrategy``'s or
+    ``DDPStrategy``'s, not a sharding strategy's or a subclass's own)."""
+    return type(strategy).save_checkpoint in _ONE_FILE_SAVES
+
+
+def save_strategy_checkpoint(
+    save: Callable[[str], None],
+    strategy: Any,
+    out_dir: str,
+    filename: str,
+    backend_args: Optional[dict] = None,
+    file_client_args: Optional[dict] = None,
+) -> None:
+    """``save(name)`` (``FlexibleRunner.save_checkpoint`` with the file
+    name ``name`` in ``out_dir``), durable where it can be: a local
+    one-file checkpoint is written under a temporary name and renamed to
+    ``filename`` once complete (by the main process, which writes it).
+
+    Args:
+        save (callable): Saves the checkpoint under the name given.
+        strategy (BaseStrategy): The runner's strategy.
+        out_dir (str): The checkpoint folder.
+        filename (str): The checkpoint's file name.
+        backend_args (dict, optional): What the caller passed.
+        file_client_args (dict, optional): What the caller passed.
+
+    Raises:
+        DurableWriteError: The write failed; no file of that name was
+            written.
+    """
+    durable = durable_backend_args(out_dir, backend_args, file_client_args)
+    if (
+        durable != {'backend': BACKEND_NAME}
+        or not writes_one_file(strategy)
+        or not is_main_process()
+    ):
+        save(filename)  # the main process writes; the others pass
+        return
+    mmengine.mkdir_or_exist(out_dir)
+    write_durable_by(
+        osp.join(out_dir, filename), lambda tmp: save(osp.basename(tmp))
+    )
+
+
 __all__ = [
     'BACKEND_NAME',
+    'save_strategy_checkpoint',
+    'writes_one_file',
     'DurableLocalBackend',
     'durable_backend_args',
     'is_local',

@@ -23,9 +23,10 @@ It adds what :class:`NanGuardRunner` adds (the same functions of
 * every rank checks the state before a checkpoint is written
   (:mod:`.checkpoint_agreement`): the strategies write on rank 0 only.
 
-Checkpoints are written by the strategy as it writes them (not through the
-durable file writer of :class:`NanGuardRunner`: ``FSDPStrategy`` and
-``DeepSpeedStrategy`` write folders of shards themselves).
+A checkpoint that the strategy writes as one file (``SingleDeviceStrategy``,
+``DDPStrategy``) is written durably, as :class:`NanGuardRunner` writes its
+own; ``FSDPStrategy`` and ``DeepSpeedStrategy`` write folders of shards
+from every rank and are left as they are (:mod:`.durable_checkpoint`).
 """
 
 from typing import Any, Dict, Optional
@@ -37,6 +38,7 @@ from mmnanguard.registry import RUNNERS, register_shared
 
 from .checkpoint_agreement import agree_before_save
 from .crash_safety import install_crash_safety
+from .durable_checkpoint import save_strategy_checkpoint
 from .protected_runner import (
     add_protection_hooks,
     guarded_optim_wrapper,
@@ -128,12 +130,45 @@ class NanGuardFlexibleRunner(FlexibleRunner):
         newest checkpoint that loads (:mod:`.resume_choice`)."""
         return protected_load_or_resume(self, super().load_or_resume)
 
-    def save_checkpoint(self, *args: Any, **kwargs: Any) -> None:
+    def save_checkpoint(
+        self,
+        out_dir: str,
+        filename: str,
+        file_client_args: Optional[dict] = None,
+        save_optimizer: bool = True,
+        save_param_scheduler: bool = True,
+        meta: Optional[dict] = None,
+        by_epoch: bool = True,
+        backend_args: Optional[dict] = None,
+    ) -> None:
         """``FlexibleRunner.save_checkpoint``, after every rank checked the
-        state to be written (:func:`~.checkpoint_agreement.agree_before_save`).
+        state to be written (:func:`~.checkpoint_agreement.agree_before_save`);
+        a one-file checkpoint of a local folder is written durably
+        (:func:`~.durable_checkpoint.save_strategy_checkpoint`).
 
         Args: as in ``FlexibleRunner.save_checkpoint``.
         """
-        if self.protection.enabled:
-            agree_before_save(self)
-        super().save_checkpoint(*args, **kwargs)
+
+        def save(name: str) -> None:
+            super(NanGuardFlexibleRunner, self).save_checkpoint(
+                out_dir,
+                name,
+                file_client_args,
+                save_optimizer=save_optimizer,
+                save_param_scheduler=save_param_scheduler,
+                meta=meta,
+                by_epoch=by_epoch,
+                backend_args=backend_args,
+            )
+
+        if not self.protection.enabled:
+            return save(filename)
+        agree_before_save(self)
+        save_strategy_checkpoint(
+            save,
+            self.strategy,
+            out_dir,
+            filename,
+            backend_args,
+            file_client_args,
+        )

@@ -86,10 +86,12 @@ def protect_with_defaults(cfg: Config) -> None:
 
 
 def select_protected_runner(cfg: Config) -> Optional[str]:
-    """Select the protected counterpart of the runner ``cfg`` names itself
-    (in place), when ``cfg`` has the include's ``nanguard`` key but its own
-    ``runner_type='FlexibleRunner'`` (or ``'Runner'``) replaced the
-    include's ``runner_type`` (a config's own keys override its bases').
+    """Select the protected counterpart of the runner ``cfg`` builds
+    (in place), when ``cfg`` has the include's ``nanguard`` key but not its
+    runner: the config's own ``runner_type='FlexibleRunner'`` (or
+    ``'Runner'``) replaced the include's (a config's own keys override its
+    bases'), or the settings-only include (``nanguard_settings.py`` and
+    its twins) came with another base's ``runner_type`` or with none.
 
     Args:
         cfg (Config): The training config.
@@ -98,8 +100,16 @@ def select_protected_runner(cfg: Config) -> Optional[str]:
         str | None: What was done, for the log; None: nothing to do.
     """
     runner_type = cfg.get('runner_type')
+    if cfg.get('nanguard') is None:
+        return None
+    if runner_type is None:  # settings of the twin or --cfg-options
+        protect_with_defaults(cfg)
+        return (
+            'the config has the nanguard settings and no runner_type; '
+            f'{cfg.runner_type!r} is built'
+        )
     counterpart = PROTECTED_COUNTERPART.get(runner_type)
-    if counterpart is None or cfg.get('nanguard') is None:
+    if counterpart is None:
         return None
     cfg.runner_type = counterpart
     return (
@@ -147,24 +157,40 @@ def apply_guard_option(cfg: Config, guard: Optional[str]) -> str:
             return selected
         if uses_nanguard_runner(cfg):
             return 'protection as configured by the config'
+        if _has_guard_hook(cfg):
+            return 'protection by the NanGuardHook in custom_hooks'
+        if cfg.get('nanguard') is not None:  # settings no runner would use
+            raise _no_counterpart(cfg, 'the nanguard settings')
         return 'no protection in the config (add --guard skip to turn it on)'
     if not uses_nanguard_runner(cfg):
         if guard == OFF:
             return 'no protection (--guard off)'
-        runner_type = cfg.get('runner_type')
-        if runner_type not in (None, *PROTECTED_COUNTERPART):
-            raise ValueError(
-                f'--guard {guard}: the config sets runner_type='
-                f'{runner_type!r}, a runner class mmnanguard has no '
-                'protected counterpart of (it has one of '
-                f'{sorted(PROTECTED_COUNTERPART)}). Add NanGuardHook to '
-                'custom_hooks instead.'
-            )
+        if cfg.get('runner_type') not in (None, *PROTECTED_COUNTERPART):
+            raise _no_counterpart(cfg, f'--guard {guard}')
         protect_with_defaults(cfg)
     nanguard = dict(cfg.get('nanguard') or {})
     nanguard['policy'] = guard
     cfg.nanguard = nanguard
     return f'--guard {guard}'
+
+
+def _has_guard_hook(cfg: Config) -> bool:
+    """Whether ``custom_hooks`` adds a ``NanGuardHook`` by hand."""
+    for hook in cfg.get('custom_hooks') or []:
+        kind = hook.get('type') if hasattr(hook, 'get') else None
+        name = kind if isinstance(kind, str) else getattr(kind, '__name__', '')
+        if name.split('.')[-1] == 'NanGuardHook':
+            return True
+    return False
+
+
+def _no_counterpart(cfg: Config, what: str) -> ValueError:
+    return ValueError(
+        f"{what}: the config sets runner_type={cfg.get('runner_type')!r}, "
+        'a runner class mmnanguard has no protected counterpart of (it has '
+        f'one of {sorted(PROTECTED_COUNTERPART)}), so nothing would be '
+        'protected. Add NanGuardHook to custom_hooks instead.'
+    )
 
 
 def check_protection(cfg: Config) -> None:
