@@ -118,13 +118,18 @@ def run_one(
 
     work_dir = tempfile.mkdtemp(dir=tmp)
     out = osp.join(work_dir, 'counts.json')
-    cmd = (
-        [sys.executable]
-        + torchrun_args(PROCS, free_port())
-        + [__file__, '--worker', out, data_root, sharding, guard, clip]
-    )
     env = dict(os.environ, PYTHONWARNINGS='ignore', OMP_NUM_THREADS='1')
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    for _ in range(2):  # a port taken between free_port() and torchrun
+        cmd = (
+            [sys.executable]
+            + torchrun_args(PROCS, free_port())
+            + [__file__, '--worker', out, data_root, sharding, guard, clip]
+        )
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        if 'EADDRINUSE' not in proc.stderr and (
+            'address already in use' not in proc.stderr.lower()
+        ):
+            break
     if proc.returncode != 0:
         raise RuntimeError(
             f'{sharding}/{guard}/{clip} failed:\n{proc.stderr[-4000:]}'

@@ -3,11 +3,12 @@
 parallel) for the guard's single read, with no collective of its own.
 
 Under FSDP2 (``torch.distributed.fsdp.fully_shard``) gradients and
-parameters are DTensors sharded over the ranks. The global gradient norm
-computed from them is already a replicated DTensor (its reduction happens
-inside the norm, as in ``clip_grad_norm_``); its local value is the global
-one. A parameter's or a gradient's local shard is what this rank checks;
-the ranks' findings are then summed by the read's one ``all_reduce``.
+parameters are DTensors sharded over the ranks. A parameter's or a
+gradient's local shard is what this rank checks; the ranks' findings are
+then summed by the read's one ``all_reduce``, and so are their shares of
+the gradient norm (:mod:`.grad_norm`). A norm that is not folded there is
+a replicated DTensor (its reduction happens inside the norm, as in
+``clip_grad_norm_``); its local value is the global one.
 """
 
 from typing import Any

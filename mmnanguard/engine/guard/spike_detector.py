@@ -161,6 +161,7 @@ class SpikeDetector:
         values: Dict[str, Tensor],
         grad_norm: Optional[Tensor] = None,
         suffix: str = '',
+        loss_spiked: Optional[Tensor] = None,
     ) -> Optional[SpikeCheck]:
         """Compare one step's values with the running maxima, on the device.
 
@@ -169,6 +170,10 @@ class SpikeDetector:
             grad_norm (Tensor, optional): The global gradient norm, when it
                 is checked.
             suffix (str): Appended to ``'grad_norm'`` (see :class:`Spike`).
+            loss_spiked (Tensor, optional): Whether a loss quantity of this
+                step spiked in an earlier call (the loss values checked
+                before the gradient norm was known): the gradient norm is
+                then not admitted either.
 
         Returns:
             SpikeCheck | None: None when there is nothing to check.
@@ -200,8 +205,10 @@ class SpikeDetector:
         )
         admit = finite & ~spike
         grad_rows = self._grad_rows
-        loss_spiked = (spike & ~grad_rows).any()
-        admit = admit & ~(grad_rows & loss_spiked)
+        any_loss = (spike & ~grad_rows).any()
+        if loss_spiked is not None:
+            any_loss = any_loss | loss_spiked.to(any_loss.device)
+        admit = admit & ~(grad_rows & any_loss)
         shifted = torch.cat([self._window[:, 1:], vals[:, None]], dim=1)
         self._window = torch.where(admit[:, None], shifted, self._window)
         self._count = self._count + admit.long()

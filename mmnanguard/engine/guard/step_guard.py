@@ -12,9 +12,13 @@ step, the spike detector's flags and, under AMP, the GradScaler's
 them into one vector and reads it on the host once (``.tolist()``);
 under ``torch.distributed`` the flags that decide are summed over the
 ranks by one ``all_reduce`` before that read, so every rank takes the same
-decision. With ``clip_grad`` the read happens inside the clip function
-and returns the norm as a Python float, so mmengine's own
-``float(grad_norm)`` for the log costs nothing: the guard adds no read.
+decision. The norm of sharded gradients (FSDP2) travels in the same
+``all_reduce``, each rank's share of it summed with the flags
+(:mod:`.grad_norm`); the spike detector then checks that norm after the
+``all_reduce``, the losses before it (their flags are voted). With
+``clip_grad`` the read happens inside the clip function and returns the
+norm as a Python float, so mmengine's own ``float(grad_norm)`` for the log
+costs nothing: the guard adds no read.
 
 Backward always runs: a non-finite loss gives non-finite gradients, which
 the verdict catches before the step (and no rank skips a collective).
@@ -30,7 +34,8 @@ from torch import Tensor
 
 from .dtensor import global_value, local
 from .finite import any_nonfinite
-from .spike_detector import SpikeDetector
+from .grad_norm import GradNorm, grad_norm
+from .spike_detector import SpikeCheck, SpikeDetector
 from .verdict import IterationOutcome, StepVerdict
 
 #: A veto looks at a step's verdict and returns the reason to drop the
@@ -175,21 +180,18 @@ class StepGuard:
         device = self._device(grad_params, window)
         dtype = _dtype(device)
         zero = torch.zeros((), device=device, dtype=dtype)
+        norm: Optional[GradNorm] = None
         if grad_params:
-            # as torch's clip_grad_norm_ computes it (same dtype, same
-            # order), so that clipping with it changes no bit of training
-            per_param = torch._foreach_norm(
-                [p.grad for p in grad_params], norm_type
-            )
-            first = per_param[0].device
-            norms = torch.stack([n.to(first) for n in per_param])
-            total = torch.linalg.vector_norm(norms, norm_type)
-            # sharded gradients: the total is replicated (reduced inside
-            # the norm); the per-parameter norms name this rank's shards
-            norms, total = local(norms), global_value(total)
+            # sharded gradients: folded into the all_reduce below
+            norm = grad_norm([p.grad for p in grad_params], norm_type, dtype)
+            norms, total = norm.norms, norm.total
         else:
             norms, total = None, zero
-        parts: List[Tensor] = [_as(total, device).reshape(1)]
+        folded = norm is not None and norm.folded
+        # the total first; a folded one is put in after the all_reduce
+        parts: List[Tensor] = [
+            zero.reshape(1) if folded else _as(total, device).reshape(1)
+        ]
         layout: Dict[str, slice] = {}
 
         def add(name: str, values: Any) -> None:
@@ -218,6 +220,9 @@ class StepGuard:
             self._params_flag = None
         if self._inputs_flag is not None:
             add('inputs', [self._inputs_flag])
+        if folded:
+            local_grad_bad = ~torch.isfinite(norm.power)
+            add('local_grad', local_grad_bad)
         terms = {
             k: v
             for k, v in self._loss_terms.items()
@@ -231,16 +236,17 @@ class StepGuard:
         check = None
         detector = self.spike_detector
         suffix = f'#{self._steps}' if self._steps else ''
+        checks_grad = amp_state is None and bool(grad_params)
         if detector is not None:
             values = detector.loss_values(
                 window.last if window else None, self._loss_terms, suffix
             )
-            grad = total if amp_state is None and grad_params else None
+            # folded: the losses now (their flags are voted), the norm
+            # after the all_reduce (a NaN keeps its row, unchecked)
+            grad = (
+                (zero + math.nan if folded else total) if checks_grad else None
+            )
             check = detector.check(values, grad, suffix)
-            if check is not None:
-                add('spike_flags', check.flags)
-                add('spike_values', check.values)
-                add('spike_refs', check.references)
         names = list(self.votes)
         if names:
             add(
@@ -253,16 +259,33 @@ class StepGuard:
         if dist.get_world_size() > 1:
             votes = [
                 _as(loss_bad, device),
-                (~torch.isfinite(total)).to(dtype),
+                (local_grad_bad if folded else ~torch.isfinite(total)).to(
+                    dtype
+                ),
                 _as(params_flag, device) if params_flag is not None else zero,
                 check.flags.any().to(dtype) if check is not None else zero,
                 _as(amp_state[0], device) if amp_state is not None else zero,
             ]
             if names:
                 votes.append(parts[-1].reshape(-1).to(dtype))
+            if folded:
+                votes.append(norm.power)
             agreed = torch.cat([v.reshape(-1) for v in votes])
             dist.all_reduce(agreed, op='sum')
             add('agreed', agreed)
+            if folded:
+                total = norm.unfold(agreed[-1:])
+                parts[0] = _as(local(total), device).reshape(1)
+                if detector is not None and checks_grad:
+                    later = detector.check(
+                        {}, local(total), suffix, agreed[3] > 0
+                    )
+                    if later is not None:  # then ``check`` is too
+                        check = _merge(check, later, 'grad_norm' + suffix)
+        if check is not None:
+            add('spike_flags', check.flags)
+            add('spike_values', check.values)
+            add('spike_refs', check.references)
         host = torch.cat([p.reshape(-1) for p in parts]).tolist()
         self._steps += 1
         verdict = self._verdict(
@@ -287,6 +310,9 @@ class StepGuard:
         total = host[0]
         loss_bad, first_bad = part('loss')
         grad_bad = not math.isfinite(total)
+        # folded: the total is the global one; this rank's shards apart
+        local_grad = part('local_grad')
+        local_grad_bad = bool(local_grad[0]) if local_grad else grad_bad
         params = part('params')
         params_bad = bool(params[0]) if params else None
         amp = part('amp')
@@ -303,7 +329,7 @@ class StepGuard:
             else None,
             loss_terms=dict(zip(terms, part('terms') or [])),
             local_loss_finite=not loss_bad,
-            local_grad_finite=not grad_bad,
+            local_grad_finite=not local_grad_bad,
             grad_norms=norms,
             grad_params=grad_params,
         )
@@ -322,17 +348,20 @@ class StepGuard:
         votes = part('votes')
         agreed = part('agreed')
         if agreed is not None and votes is not None:
-            votes = agreed[5:]
+            votes = agreed[5 : 5 + len(votes)]
         verdict.votes = {n: bool(v) for n, v in zip(self.votes, votes or [])}
         if agreed is not None:
             a_loss, a_grad, a_params, a_spike, a_inf = agreed[:5]
             verdict.loss_finite = not a_loss
             if verdict.loss_bad_iteration is None and a_loss:
                 verdict.loss_bad_iteration = self.iteration
-            verdict.grad_finite = not (a_inf if amp is not None else a_grad)
+            verdict.grad_finite = not (
+                a_inf if amp is not None else a_grad or grad_bad
+            )
             if params is not None:
                 verdict.params_finite = not a_params
-            if a_spike and not verdict.spikes:
+            # under action='log' the rank that saw the spike steps too
+            if a_spike and not verdict.spikes and verdict.spike_acts:
                 verdict.veto = 'a spike on another rank'
         verdict.local_params_finite = (
             None if params_bad is None else not params_bad
@@ -429,6 +458,22 @@ class StepGuard:
             dist.all_reduce(votes, op='sum')
         agreed_bad, own_bad = torch.cat([votes, own]).tolist()
         return not agreed_bad, not own_bad
+
+
+def _merge(first: SpikeCheck, later: SpikeCheck, grad_name: str) -> SpikeCheck:
+    """One check of the losses (``first``) and of the gradient norm
+    ``grad_name`` (``later``), each with the other's rows unchecked (device
+    operations only: no copy from the host)."""
+    row = later.names.index(grad_name)
+    values, refs = first.values.clone(), first.references.clone()
+    values[row] = later.values[row]
+    refs[row] = later.references[row]
+    return SpikeCheck(
+        names=later.names,
+        flags=first.flags | later.flags,
+        values=values,
+        references=refs,
+    )
 
 
 def _amp_state(scaler: Any, optimizer: Any) -> Optional[List[Tensor]]:
