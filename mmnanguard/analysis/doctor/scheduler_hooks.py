@@ -73,6 +73,19 @@ def _sets_lr_itself(cls: type) -> bool:
     )
 
 
+def _as_written(path: str, cfg: Any, why: str) -> SchedulerHook:
+    """The hook at ``path``, its warmup read off the config as written
+    (``why``: why it is not read off the built hook)."""
+    written = _warmup_lengths(cfg)
+    return SchedulerHook(
+        path,
+        str(cfg['type']),
+        written,
+        f'read off the config as written: {why}',
+        known=bool(written),
+    )
+
+
 def scheduler_hooks(ctx: DoctorContext) -> List[SchedulerHook]:
     """The hooks of the config that set the lr themselves.
 
@@ -96,15 +109,12 @@ def scheduler_hooks(ctx: DoctorContext) -> List[SchedulerHook]:
         if not isinstance(cls, type):
             if 'scheduler' not in name.lower():
                 continue
-            written = _warmup_lengths(cfg)
             found.append(
-                SchedulerHook(
+                _as_written(
                     path,
-                    name,
-                    written,
-                    f'read off the config as written: {name} is not '
-                    'registered here (its toolbox is not importable)',
-                    known=bool(written),
+                    cfg,
+                    f'{name} is not registered here (its toolbox is not '
+                    'importable)',
                 )
             )
             continue
@@ -113,15 +123,11 @@ def scheduler_hooks(ctx: DoctorContext) -> List[SchedulerHook]:
         try:
             hook = build_in_scope(cfg, ctx.scope, HOOKS)
         except (TypeError, ValueError, KeyError, AssertionError) as err:
-            written = _warmup_lengths(cfg)
             found.append(
-                SchedulerHook(
+                _as_written(
                     path,
-                    name,
-                    written,
-                    f'read off the config as written: building it failed '
-                    f'({type(err).__name__}: {err})',
-                    known=bool(written),
+                    cfg,
+                    f'building it failed ({type(err).__name__}: {err})',
                 )
             )
             continue

@@ -49,27 +49,30 @@ def model_classes(model: nn.Module) -> Tuple[Optional[int], int]:
     return None, 255
 
 
+def _annotation_beside(
+    img_path: Optional[str], folder: str, suffix: str
+) -> Optional[str]:
+    """``ROOT/FOLDER/NAME.SUFFIX`` for ``ROOT/IMAGES/NAME.EXT`` (an image's
+    own annotation file in a sibling folder), when that file exists."""
+    if not img_path:
+        return None
+    root = osp.dirname(osp.dirname(img_path))
+    name = osp.splitext(osp.basename(img_path))[0]
+    path = osp.join(root, folder, f'{name}{suffix}')
+    return path if osp.isfile(path) else None
+
+
 def dota_annfile_of(img_path: Optional[str]) -> Optional[str]:
     """``ROOT/SPLIT/annfiles/NAME.txt`` for ``ROOT/SPLIT/images/NAME.png``,
     when that file exists."""
-    if not img_path:
-        return None
-    split_dir = osp.dirname(osp.dirname(img_path))
-    name = osp.splitext(osp.basename(img_path))[0]
-    path = osp.join(split_dir, 'annfiles', f'{name}.txt')
-    return path if osp.isfile(path) else None
+    return _annotation_beside(img_path, 'annfiles', '.txt')
 
 
 def voc_xml_of(img_path: Optional[str]) -> Optional[str]:
     """``ROOT/Annotations/NAME.xml`` for ``ROOT/JPEGImages/NAME.jpg`` (the
     VOC layout, where each image's boxes are in its own xml), when that
     file exists."""
-    if not img_path:
-        return None
-    root = osp.dirname(osp.dirname(img_path))
-    name = osp.splitext(osp.basename(img_path))[0]
-    path = osp.join(root, 'Annotations', f'{name}.xml')
-    return path if osp.isfile(path) else None
+    return _annotation_beside(img_path, 'Annotations', '.xml')
 
 
 def annfile_line(

@@ -106,18 +106,21 @@ def grad_norm(grads: List[Tensor], norm_type: float, dtype) -> GradNorm:
     mesh = _fold_mesh(grads, norm_type, dtype)
     if mesh is None:
         # as torch's clip_grad_norm_ computes it (same dtype, same order)
-        per_param = torch._foreach_norm(grads, norm_type)
-        first = per_param[0].device
-        norms = torch.stack([n.to(first) for n in per_param])
+        norms = _per_grad_norms(grads, norm_type)
         total = torch.linalg.vector_norm(norms, norm_type)
         # sharded gradients: the total is replicated (reduced inside the
         # norm); the per-parameter norms name this rank's shards
         return GradNorm(local(norms), global_value(total), norm_type=norm_type)
-    per_param = torch._foreach_norm([g.to_local() for g in grads], norm_type)
-    first = per_param[0].device
-    norms = torch.stack([n.to(first) for n in per_param])
+    norms = _per_grad_norms([g.to_local() for g in grads], norm_type)
     power = (norms.to(torch.float64) ** norm_type).sum().reshape(1)
     return GradNorm(norms, None, power, norm_type, mesh)
+
+
+def _per_grad_norms(grads: List[Tensor], norm_type: float) -> Tensor:
+    """The norm of each gradient, stacked on the first one's device."""
+    per_grad = torch._foreach_norm(grads, norm_type)
+    first = per_grad[0].device
+    return torch.stack([n.to(first) for n in per_grad])
 
 
 def _fold_mesh(grads: List[Tensor], norm_type: float, dtype) -> Any:

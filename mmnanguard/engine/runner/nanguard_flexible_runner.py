@@ -37,20 +37,17 @@ from mmengine.runner import FlexibleRunner
 from mmnanguard.registry import RUNNERS, register_shared
 
 from .checkpoint_agreement import agree_before_save
-from .crash_safety import install_crash_safety
 from .durable_checkpoint import save_strategy_checkpoint
 from .protected_runner import (
-    add_protection_hooks,
+    ProtectedRunnerMixin,
     guarded_optim_wrapper,
     init_protection,
     protect_model,
-    protected_load_or_resume,
-    train_with_signals,
 )
 
 
 @register_shared(RUNNERS)
-class NanGuardFlexibleRunner(FlexibleRunner):
+class NanGuardFlexibleRunner(ProtectedRunnerMixin, FlexibleRunner):
     """A :class:`~mmengine.runner.FlexibleRunner` that adds mmnanguard's
     protection.
 
@@ -79,34 +76,6 @@ class NanGuardFlexibleRunner(FlexibleRunner):
             )
         super().__init__(*args, **kwargs)
 
-    def register_hooks(
-        self,
-        default_hooks: Optional[Dict[str, Any]] = None,
-        custom_hooks: Optional[list] = None,
-    ) -> None:
-        """Register the config's hooks, then the protection hooks.
-
-        Args:
-            default_hooks (dict, optional): As in ``FlexibleRunner``.
-            custom_hooks (list, optional): As in ``FlexibleRunner``.
-        """
-        super().register_hooks(default_hooks, custom_hooks)
-        add_protection_hooks(self)
-
-    def register_default_hooks(
-        self, hooks: Optional[Dict[str, Any]] = None
-    ) -> None:
-        """Register the default hooks; in a protected run add the
-        ``PreemptionHook`` (:mod:`.crash_safety`).
-
-        Args:
-            hooks (dict, optional): As in ``FlexibleRunner``.
-        """
-        super().register_default_hooks(hooks)
-        self.preemption_signals = None
-        if self.protection.enabled:
-            self.preemption_signals = install_crash_safety(self)
-
     def train(self) -> nn.Module:
         """Build and protect the model, then ``FlexibleRunner.train`` (with
         SIGTERM / SIGINT saving a checkpoint at the next boundary).
@@ -115,7 +84,7 @@ class NanGuardFlexibleRunner(FlexibleRunner):
             nn.Module: The model after training.
         """
         self.build_protected_model()
-        return train_with_signals(self, super().train)
+        return super().train()
 
     def build_protected_model(self) -> None:
         """Build the model config with the strategy's own ``build_model``
@@ -124,11 +93,6 @@ class NanGuardFlexibleRunner(FlexibleRunner):
             self.model = protect_model(
                 self, self.strategy.build_model(self.model)
             )
-
-    def load_or_resume(self) -> None:
-        """``FlexibleRunner.load_or_resume``; a protected resume takes the
-        newest checkpoint that loads (:mod:`.resume_choice`)."""
-        return protected_load_or_resume(self, super().load_or_resume)
 
     def save_checkpoint(
         self,

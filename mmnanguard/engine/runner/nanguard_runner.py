@@ -73,20 +73,17 @@ from mmnanguard.registry import RUNNERS, register_shared
 
 from ..incident.batch_layout import keep_sample_names
 from .checkpoint_agreement import agree_before_save
-from .crash_safety import install_crash_safety
 from .durable_checkpoint import durable_backend_args
 from .protected_runner import (
-    add_protection_hooks,
+    ProtectedRunnerMixin,
     guarded_optim_wrapper,
     init_protection,
     protect_model,
-    protected_load_or_resume,
-    train_with_signals,
 )
 
 
 @register_shared(RUNNERS)
-class NanGuardRunner(Runner):
+class NanGuardRunner(ProtectedRunnerMixin, Runner):
     """A :class:`~mmengine.runner.Runner` that adds mmnanguard's protection.
 
     Args:
@@ -172,37 +169,7 @@ class NanGuardRunner(Runner):
             guarded_optim_wrapper(self, optim_wrapper)
         )
 
-    # -- hooks -------------------------------------------------------------
-    def register_hooks(
-        self,
-        default_hooks: Optional[Dict[str, Any]] = None,
-        custom_hooks: Optional[list] = None,
-    ) -> None:
-        """Register the config's hooks, then the protection hooks.
-
-        Args:
-            default_hooks (dict, optional): As in ``Runner``.
-            custom_hooks (list, optional): As in ``Runner``; not modified.
-        """
-        super().register_hooks(default_hooks, custom_hooks)
-        add_protection_hooks(self)
-
-    # -- crash safety: durable checkpoints, verified resume, preemption ----
-    def register_default_hooks(
-        self, hooks: Optional[Dict[str, Any]] = None
-    ) -> None:
-        """Register the default hooks (as ``Runner``); in a protected run,
-        make ``CheckpointHook`` durable and add the ``PreemptionHook``
-        (:mod:`.crash_safety`).
-
-        Args:
-            hooks (dict, optional): As in ``Runner``.
-        """
-        super().register_default_hooks(hooks)
-        self.preemption_signals = None
-        if self.protection.enabled:
-            self.preemption_signals = install_crash_safety(self)
-
+    # -- crash safety: durable checkpoints ------------------------------------
     def save_checkpoint(
         self,
         out_dir: str,
@@ -235,26 +202,3 @@ class NanGuardRunner(Runner):
             by_epoch=by_epoch,
             backend_args=backend_args,
         )
-
-    def load_or_resume(self) -> None:
-        """``Runner.load_or_resume``; a protected resume takes the newest
-        checkpoint that loads and says which and why
-        (:mod:`.resume_choice`); a cut-short ``load_from`` is refused.
-
-        Raises:
-            UnusableCheckpointError: The checkpoint named for resuming does
-                not load and no other one does, or ``load_from`` is cut
-                short.
-        """
-        return protected_load_or_resume(self, super().load_or_resume)
-
-    def train(self) -> nn.Module:
-        """``Runner.train``; in a protected run SIGTERM and SIGINT save a
-        checkpoint at the next iteration boundary and stop training with
-        ``TrainingPreempted`` (:mod:`.preemption`). The previous signal
-        handlers are restored when training ends.
-
-        Returns:
-            nn.Module: The model after training.
-        """
-        return train_with_signals(self, super().train)

@@ -5,7 +5,9 @@
 :class:`~.nanguard_flexible_runner.NanGuardFlexibleRunner` extends
 ``FlexibleRunner`` (which is not a ``Runner`` subclass). Each overrides the
 same methods and calls these functions after its own base class's method,
-so the protection is written once.
+so the protection is written once; the methods both override the same way
+are :class:`ProtectedRunnerMixin`'s, listed before the mmengine class in
+their bases.
 """
 
 import copy
@@ -20,7 +22,11 @@ from mmnanguard.optional import require_packages
 from mmnanguard.registry import HOOKS
 
 from ..hooks import NanGuardHook
-from .crash_safety import check_load_from, resume_target
+from .crash_safety import (
+    check_load_from,
+    install_crash_safety,
+    resume_target,
+)
 from .guarded_optim_config import guarded_optim_wrapper_cfg
 from .model_facts import read_model_facts
 from .protection import ProtectionSettings
@@ -241,3 +247,67 @@ def train_with_signals(runner: Any, base: Callable[[], Any]) -> Any:
             logging.WARNING,
         )
     return model
+
+
+class ProtectedRunnerMixin:
+    """The overrides that are the same in both protected runners, each
+    calling the mmengine runner class that follows it in the bases.
+
+    Example:
+        >>> class NanGuardRunner(ProtectedRunnerMixin, Runner):
+        ...     pass
+    """
+
+    def register_hooks(
+        self,
+        default_hooks: Optional[Dict[str, Any]] = None,
+        custom_hooks: Optional[list] = None,
+    ) -> None:
+        """Register the config's hooks, then the protection hooks
+        (:func:`add_protection_hooks`).
+
+        Args:
+            default_hooks (dict, optional): As in ``Runner``.
+            custom_hooks (list, optional): As in ``Runner``; not modified.
+        """
+        super().register_hooks(default_hooks, custom_hooks)
+        add_protection_hooks(self)
+
+    def register_default_hooks(
+        self, hooks: Optional[Dict[str, Any]] = None
+    ) -> None:
+        """Register the default hooks; in a protected run, make
+        ``CheckpointHook`` durable and add the ``PreemptionHook``
+        (:mod:`.crash_safety`).
+
+        Args:
+            hooks (dict, optional): As in ``Runner``.
+        """
+        super().register_default_hooks(hooks)
+        self.preemption_signals = None
+        if self.protection.enabled:
+            self.preemption_signals = install_crash_safety(self)
+
+    def load_or_resume(self) -> None:
+        """The base class's ``load_or_resume``; a protected resume takes the
+        newest checkpoint that loads and says which and why
+        (:mod:`.resume_choice`); a cut-short ``load_from`` is refused
+        (:func:`protected_load_or_resume`).
+
+        Raises:
+            UnusableCheckpointError: The checkpoint named for resuming does
+                not load and no other one does, or ``load_from`` is cut
+                short.
+        """
+        return protected_load_or_resume(self, super().load_or_resume)
+
+    def train(self) -> Any:
+        """The base class's ``train``; in a protected run SIGTERM and SIGINT
+        save a checkpoint at the next iteration boundary and stop training
+        with ``TrainingPreempted`` (:mod:`.preemption`); the previous signal
+        handlers are restored when training ends.
+
+        Returns:
+            nn.Module: The model after training.
+        """
+        return train_with_signals(self, super().train)
