@@ -15,6 +15,14 @@ mend                                   needed by
                                        ``weights_only=False`` fallback)
 :mod:`.fork_config_scopes`             onedl-mmsegmentation 1.4.2
                                        (``mmseg::`` config paths)
+:mod:`.fsdp1_cpu`                      mmengine <= 0.10.7 ``FSDPStrategy``
+                                       (CPU; resume on torch >= 2.1)
+:mod:`.deepspeed_optimizers`           mmengine <= 0.10.7 with deepspeed
+                                       without the 1-bit optimizers (0.19.8)
+:mod:`.deepspeed_checkpoint_hooks`     mmengine <= 0.10.7 with deepspeed
+                                       (checkpoint hooks never called)
+:mod:`.deepspeed_cpu_comm`             deepspeed 0.19.8 on a CPU (a C++ op
+                                       compiled at start)
 :mod:`.cpu_distributed` (on demand)    mmengine <= 0.10.7, CPU-only torch
 :mod:`.elastic_round` (on demand)      torch elastic restarts with the
                                        agent's shared store (torch 2.13)
@@ -26,7 +34,11 @@ from typing import Dict
 from . import (
     checkpoint_allowlist,
     collections_sequence,
+    deepspeed_checkpoint_hooks,
+    deepspeed_cpu_comm,
+    deepspeed_optimizers,
     fork_config_scopes,
+    fsdp1_cpu,
     mim_config_scope,
     strict_torch_load,
 )
@@ -47,6 +59,10 @@ def apply_all() -> Dict[str, bool]:
     APPLIED['mim_config_scope'] = mim_config_scope.apply()
     APPLIED['strict_torch_load'] = strict_torch_load.apply()
     APPLIED['fork_config_scopes'] = fork_config_scopes.apply()
+    APPLIED['deepspeed_optimizers'] = deepspeed_optimizers.apply()
+    APPLIED['deepspeed_checkpoint_hooks'] = deepspeed_checkpoint_hooks.apply()
+    APPLIED['deepspeed_cpu_comm'] = deepspeed_cpu_comm.apply()
+    APPLIED['fsdp1_cpu'] = fsdp1_cpu.apply()
     return dict(APPLIED)
 
 

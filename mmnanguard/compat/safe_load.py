@@ -21,6 +21,8 @@ from typing import Any, Iterator, List, Optional, Sequence, Type
 
 import torch
 
+from .declared_sizes import check_declared_sizes, size_problem
+
 #: What the allowlist of ``torch.serialization.safe_globals`` accepts: a
 #: class or function, or ``(object, 'module.qualname')``.
 SafeGlobal = Any
@@ -70,7 +72,8 @@ def globals_outside(path: str) -> List[str]:
     """The globals that ``path`` references outside the current allowlist.
 
     Read without unpickling (``get_unsafe_globals_in_checkpoint``); a file
-    in torch's legacy format, or one the scan cannot read, yields ``[]``
+    in torch's legacy format, one the scan cannot read, or one whose
+    declared sizes exceed its own (:mod:`.declared_sizes`) yields ``[]``
     (the unpickler's own reason names what it refused then).
 
     Args:
@@ -82,6 +85,8 @@ def globals_outside(path: str) -> List[str]:
     try:
         if hasattr(path, 'seek'):  # a buffer that a failed load has read
             path.seek(0)
+        if size_problem(path) is not None:  # torch would allocate it
+            return []
         return sorted(
             torch.serialization.get_unsafe_globals_in_checkpoint(path)
         )
@@ -145,9 +150,12 @@ def weights_only_load(
         The unpickled object.
 
     Raises:
+        DeclaredSizeError: The file declares more bytes than it holds (a
+            decompression bomb, :mod:`.declared_sizes`); nothing was read.
         error: The unpickler refused something; the message names
             ``path`` and what was refused.
     """
+    check_declared_sizes(path, what, name)
     with scoped_safe_globals(entries):
         try:
             return torch.load(

@@ -17,9 +17,12 @@ Cost of the checks
   checked and its opcodes are scanned, nothing is unpickled). It grows
   with the number of tensors, not with their size: 14 ms for the 96 MB
   checkpoint of the tiny rotated RetinaNet (ResNet-18 with SGD momentum,
-  on a loaded 2-core machine). It catches every truncated or empty file
-  and a damaged structure; it does not read the tensor data, so a flipped
-  bit inside a tensor passes.
+  on a loaded 2-core machine). It catches every truncated or empty file,
+  a damaged structure, and an entry that declares more bytes than the file
+  can hold (a decompression bomb,
+  :mod:`mmnanguard.compat.declared_sizes`), before reading ``data.pkl``;
+  it does not read the tensor data, so a flipped bit inside a tensor
+  passes.
 * full (``load=True``): one secure load of the whole file, what resuming
   costs anyway (0.4 s for the same file). Resuming does it once, for the
   checkpoint it picks; rollback from a checkpoint does it by loading the
@@ -49,6 +52,7 @@ import zipfile
 from typing import List, Optional, Tuple
 
 from mmnanguard.compat.checkpoint_allowlist import load_from_local
+from mmnanguard.compat.declared_sizes import size_problem
 
 #: The names of the checkpoints that are candidates.
 CHECKPOINT_NAME = re.compile(r'^(?:iter|epoch)_(\d+)\.pth$')
@@ -90,6 +94,9 @@ def _structure_problem(path: str, size: int) -> Optional[str]:
         return f'its zip structure cannot be read: {_one_line(err)}'
     with archive:
         infos = archive.infolist()
+        problem = size_problem(path)
+        if problem is not None:
+            return problem
         pickles = [i for i in infos if i.filename.endswith('/data.pkl')]
         if len(pickles) != 1:
             return 'it holds no data.pkl entry (not a torch.save file)'
@@ -169,7 +176,8 @@ def truncation_problem(path: str) -> Optional[str]:
     Only what any ``torch.save`` file must satisfy is checked (a weights
     file for ``load_from`` may be a plain state dict, or in torch's legacy
     format): not empty, and a zip archive (it starts with ``PK``) whose
-    central directory is there.
+    central directory is there and whose entries declare no more bytes
+    than the file holds (:mod:`mmnanguard.compat.declared_sizes`).
 
     Args:
         path (str): A local file.
@@ -189,12 +197,13 @@ def truncation_problem(path: str) -> Optional[str]:
         return None
     try:
         with zipfile.ZipFile(path):
-            return None
+            pass
     except (zipfile.BadZipFile, OSError, ValueError, EOFError) as err:
         return (
             'it is not a complete zip archive (cut short by a kill or a '
             f'full disk): {err}'
         )
+    return size_problem(path)
 
 
 def read_last_checkpoint(folder: str) -> Tuple[bool, str]:

@@ -12,6 +12,13 @@ at any point leaves at most a temporary file, named
 ``.<final name>.<random><TEMP_SUFFIX>``, which :func:`remove_temp_files`
 removes at the next start.
 
+Nothing is written by name after the temporary file is created: the
+bytes go through its descriptor (:func:`write_durable`, or, for a writer
+that opens the file itself, ``/proc/self/fd/<fd>``:
+:func:`write_durable_by`), and the rename happens only while the
+temporary name still holds that very file (same device and inode), so a
+process that swaps the name for a link meanwhile wins nothing.
+
 On a write error (a full disk: ``ENOSPC``) the temporary file is removed
 and :class:`DurableWriteError` (an ``OSError`` with the same ``errno``)
 names the file; the file under the final name is unchanged.
@@ -26,6 +33,11 @@ from typing import Callable, List, Optional, Union
 
 #: The suffix of the temporary files of :func:`write_durable`.
 TEMP_SUFFIX = '.nanguard-tmp'
+#: Where Linux names each open descriptor of this process: opening
+#: ``/proc/self/fd/<fd>`` reopens the file itself, not a name.
+PROC_FDS = '/proc/self/fd'
+#: ``O_NOFOLLOW`` where the platform has it.
+NOFOLLOW = getattr(os, 'O_NOFOLLOW', 0)
 
 
 def _current_umask() -> int:
@@ -109,36 +121,45 @@ def write_durable(path: str, data: Union[bytes, str]) -> None:
 
 
 def write_durable_by(path: str, write: Callable[[str], None]) -> None:
-    """Let ``write`` write ``path``'s content into a temporary file by
-    name, then publish it as :func:`write_durable` does.
+    """Let ``write`` write ``path``'s content through a name that leads to
+    the temporary file's descriptor, then publish it as
+    :func:`write_durable` does.
 
     For a writer that opens its file itself (mmengine's strategies write a
-    checkpoint with ``open(name, 'wb')``): the temporary file already
-    exists, empty, created here with ``O_EXCL`` (so the name is never a
-    link), and ``write`` truncates and fills it.
+    checkpoint with ``open(name, 'wb')``). ``write`` gets
+    ``/proc/self/fd/<fd>`` of the temporary file created here with
+    ``O_EXCL``: opening it reopens that file, whatever stands under the
+    temporary name meanwhile, so a link swapped in for the name is never
+    written through. Where ``/proc/self/fd`` is missing, ``write`` gets a
+    name in a private folder made with :func:`tempfile.mkdtemp` (mode
+    0700: no other user can plant anything in it), whose file is then
+    renamed into place.
 
     Args:
         path (str): The final file name. Its folder must exist.
-        write (callable): Called with the temporary file's path.
+        write (callable): Called with the name to write.
 
     Raises:
         DurableWriteError: ``write``, the ``fsync`` or the rename failed
-            with an ``OSError``; ``path`` is unchanged and no temporary
+            with an ``OSError``, or the temporary name was swapped for
+            another file meanwhile; ``path`` is unchanged and no temporary
             file is left.
     """
+    if not osp.isdir(PROC_FDS):
+        _durable_in_private_folder(path, write)
+        return
 
-    def write_by_name(fd: int, tmp: str) -> None:
-        write(tmp)
-        if not stat.S_ISREG(os.lstat(tmp).st_mode):
-            raise OSError(errno.EEXIST, f'{tmp!r} was replaced by a link')
+    def write_through_descriptor(fd: int, tmp: str) -> None:
+        write(osp.join(PROC_FDS, str(fd)))
 
-    _durable(path, write_by_name)
+    _durable(path, write_through_descriptor)
 
 
 def _durable(path: str, write: Callable[[int, str], None]) -> None:
     """Create the temporary file, ``write(fd, tmp)`` into it, ``fsync``,
-    rename it over ``path``, ``fsync`` the folder; on any error remove the
-    temporary file (an ``OSError`` becomes :class:`DurableWriteError`)."""
+    rename it over ``path`` (only while the name still holds that file),
+    ``fsync`` the folder; on any error remove the temporary file (an
+    ``OSError`` becomes :class:`DurableWriteError`)."""
     folder = osp.dirname(osp.abspath(path))
     name = osp.basename(path)
     try:
@@ -152,8 +173,10 @@ def _durable(path: str, write: Callable[[int, str], None]) -> None:
             os.fchmod(fd, FILE_MODE)
             write(fd, tmp)
             os.fsync(fd)  # the inode's data, whoever wrote it
+            written = os.fstat(fd)
         finally:
             os.close(fd)
+        check_same_file(tmp, written)
         os.replace(tmp, path)
     except OSError as err:
         discard(tmp)
@@ -162,6 +185,66 @@ def _durable(path: str, write: Callable[[int, str], None]) -> None:
         discard(tmp)
         raise
     fsync_dir(folder)
+
+
+def _durable_in_private_folder(
+    path: str, write: Callable[[str], None]
+) -> None:
+    """``write`` into ``<private folder>/<name>`` (the folder made with
+    :func:`tempfile.mkdtemp` next to ``path``), check that a regular file
+    came of it, ``fsync`` it, rename it over ``path``; the private folder
+    is removed in every case."""
+    folder = osp.dirname(osp.abspath(path))
+    name = osp.basename(path)
+    try:
+        private = tempfile.mkdtemp(
+            prefix=f'.{name}.', suffix=TEMP_SUFFIX, dir=folder
+        )
+    except OSError as err:
+        raise _write_error(path, err) from err
+    tmp = osp.join(private, name)
+    try:
+        write(tmp)
+        fd = os.open(tmp, os.O_RDONLY | NOFOLLOW)
+        try:
+            written = os.fstat(fd)
+            if not stat.S_ISREG(written.st_mode):
+                raise OSError(errno.EEXIST, f'{tmp!r} is not a regular file')
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        check_same_file(tmp, written)
+        os.replace(tmp, path)
+    except OSError as err:
+        raise _write_error(path, err) from err
+    finally:
+        discard(tmp)
+        try:
+            os.rmdir(private)
+        except OSError:
+            pass
+    fsync_dir(folder)
+
+
+def check_same_file(name: str, written: os.stat_result) -> None:
+    """Raise unless ``name`` (not followed) is the file ``written``
+    describes: the temporary name was not swapped meanwhile.
+
+    Args:
+        name (str): The temporary name about to be renamed.
+        written (os.stat_result): ``fstat`` of the file written.
+
+    Raises:
+        OSError: ``EEXIST``, naming ``name`` and what it is now.
+    """
+    now = os.lstat(name)
+    if (now.st_dev, now.st_ino) != (written.st_dev, written.st_ino):
+        kind = 'a link' if stat.S_ISLNK(now.st_mode) else 'another file'
+        raise OSError(
+            errno.EEXIST,
+            f'{name!r} was replaced by {kind} while it was written; '
+            'nothing was written through it',
+        )
 
 
 def _write_error(path: str, err: OSError) -> DurableWriteError:
@@ -209,6 +292,7 @@ def remove_temp_files(folder: str) -> List[str]:
 __all__ = [
     'DurableWriteError',
     'TEMP_SUFFIX',
+    'check_same_file',
     'discard',
     'fsync_dir',
     'remove_temp_files',

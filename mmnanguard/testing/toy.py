@@ -106,3 +106,20 @@ def toy_runner_cfg(
     )
     cfg.update(kwargs)
     return cfg
+
+
+#: The names :func:`register_toy` gives in mmengine's root registries.
+TOY_MODEL = 'NanGuardToyModel'
+TOY_DATASET = 'NanGuardToyDataset'
+
+
+def register_toy() -> None:
+    """Register :class:`ToyModel` and :class:`ToyDataset` in mmengine's
+    root ``MODELS`` and ``DATASETS`` as :data:`TOY_MODEL` and
+    :data:`TOY_DATASET` (once), for configs run in subprocesses."""
+    from mmengine.registry import DATASETS, MODELS
+
+    if MODELS.get(TOY_MODEL) is None:
+        MODELS.register_module(TOY_MODEL, module=ToyModel)
+    if DATASETS.get(TOY_DATASET) is None:
+        DATASETS.register_module(TOY_DATASET, module=ToyDataset)

@@ -6,8 +6,12 @@ then save this rank's model weights (full tensors, unwrapped) to
 the full weights at the start go to ``WORK_DIR/start_rank{RANK}.pth``, at
 the end of each epoch (0-based) to ``WORK_DIR/epoch{E}_rank{RANK}.pth``.
 
-Usage: ``dist_worker.py CONFIG WORK_DIR [fsdp2]`` (``fsdp2``: shard the
-model with torch's ``fully_shard``, :mod:`mmnanguard.testing.fsdp2`).
+Usage: ``dist_worker.py CONFIG WORK_DIR [fsdp2] [every_iter]``
+(``fsdp2``: shard the model with torch's ``fully_shard``,
+:mod:`mmnanguard.testing.fsdp2`; ``every_iter``: also the full weights at
+the start of each iteration N to ``WORK_DIR/iter{N}_rank{RANK}.pth``).
+The toy model and dataset are registered for configs that name them
+(:func:`mmnanguard.testing.toy.register_toy`).
 """
 
 import sys
@@ -16,10 +20,27 @@ import torch
 
 
 def full_state(model) -> dict:
-    """The unwrapped model's state with every DTensor gathered (a
-    collective: call it on every rank)."""
+    """The unwrapped model's state with every DTensor gathered, or an
+    FSDP1 model's full state dict on every rank (a collective: call it on
+    every rank)."""
+    from torch.distributed.fsdp import (
+        FullStateDictConfig,
+        FullyShardedDataParallel,
+        StateDictType,
+    )
+
     from mmnanguard.engine.guard.snapshot import unwrap_model
 
+    if isinstance(model, FullyShardedDataParallel):
+        with FullyShardedDataParallel.state_dict_type(
+            model,
+            StateDictType.FULL_STATE_DICT,
+            FullStateDictConfig(offload_to_cpu=False, rank0_only=False),
+        ):
+            return {
+                k: v.detach().cpu().clone()
+                for k, v in model.state_dict().items()
+            }
     return {
         k: (v.full_tensor() if hasattr(v, 'full_tensor') else v)
         .detach()
@@ -29,7 +50,7 @@ def full_state(model) -> dict:
     }
 
 
-def main(config: str, work_dir: str, sharding: str = '') -> int:
+def main(config: str, work_dir: str, *flags: str) -> int:
     import torch.distributed as torch_dist
     from mmengine.config import Config
     from mmengine.hooks import Hook
@@ -38,6 +59,7 @@ def main(config: str, work_dir: str, sharding: str = '') -> int:
     import mmnanguard  # noqa: F401
     from mmnanguard.compat.cpu_distributed import prepare_cpu_distributed
     from mmnanguard.engine.runner.train_options import select_protected_runner
+    from mmnanguard.testing.toy import register_toy
 
     class SaveFullWeights(Hook):
         priority = 'LOWEST'
@@ -47,22 +69,33 @@ def main(config: str, work_dir: str, sharding: str = '') -> int:
             rank = torch_dist.get_rank()
             torch.save(state, f'{work_dir}/start_rank{rank}.pth')
 
+        def before_train_iter(
+            self, runner, batch_idx: int, data_batch=None
+        ) -> None:
+            if 'every_iter' in flags:
+                state = full_state(runner.model)
+                rank = torch_dist.get_rank()
+                torch.save(
+                    state, f'{work_dir}/iter{runner.iter}_rank{rank}.pth'
+                )
+
         def after_train_epoch(self, runner) -> None:
             state = full_state(runner.model)
             rank = torch_dist.get_rank()
             torch.save(state, f'{work_dir}/epoch{runner.epoch}_rank{rank}.pth')
 
+    register_toy()
     cfg = Config.fromfile(config)
     cfg.work_dir = work_dir
     cfg.launcher = 'pytorch'
     select_protected_runner(cfg)
     prepare_cpu_distributed(cfg, 'pytorch')
-    if sharding == 'fsdp2':
+    if 'fsdp2' in flags:
         from mmnanguard.testing.fsdp2 import register, skip_reinit
 
         cfg.model_wrapper_cfg = dict(type=register())
     runner = RUNNERS.build(cfg)
-    if sharding == 'fsdp2':
+    if 'fsdp2' in flags:
         skip_reinit(runner)
     runner.register_hook(SaveFullWeights())
     try:

@@ -106,20 +106,28 @@ def _open_and_write(data: bytes):
     return write
 
 
+def _temp_files(folder) -> list:
+    return [n for n in os.listdir(folder) if n.endswith(TEMP_SUFFIX)]
+
+
 def test_write_by_name_publishes_what_the_writer_wrote(tmp_path):
     path = tmp_path / 'iter_3.pth'
-    names = []
+    seen = []
 
-    def write(tmp: str) -> None:
-        names.append(os.path.basename(tmp))
-        assert os.path.getsize(tmp) == 0  # created empty, ours
+    def write(name: str) -> None:
+        temps = _temp_files(tmp_path)
+        seen.append((name, temps))
+        assert len(temps) == 1 and temps[0].startswith('.iter_3.pth.')
+        # the name leads to the temporary file's descriptor, not its name
+        assert name.startswith('/proc/self/fd/')
+        assert os.path.samefile(name, tmp_path / temps[0])
+        assert os.path.getsize(name) == 0  # created empty, ours
         assert not path.exists()  # the final name appears only when done
-        _open_and_write(b'checkpoint bytes')(tmp)
+        _open_and_write(b'checkpoint bytes')(name)
 
     write_durable_by(str(path), write)
     assert path.read_bytes() == b'checkpoint bytes'
-    assert names[0].startswith('.iter_3.pth.')
-    assert names[0].endswith(TEMP_SUFFIX)
+    assert len(seen) == 1
     assert os.listdir(tmp_path) == ['iter_3.pth']
     umask = os.umask(0)
     os.umask(umask)
@@ -131,8 +139,8 @@ def test_write_by_name_failure_keeps_the_old_file(tmp_path, fault):
     path = tmp_path / 'iter_3.pth'
     path.write_bytes(b'complete')
 
-    def write(tmp: str) -> None:
-        _open_and_write(b'half')(tmp)
+    def write(name: str) -> None:
+        _open_and_write(b'half')(name)
         if fault == 'enospc':
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         raise KeyboardInterrupt
@@ -144,17 +152,55 @@ def test_write_by_name_failure_keeps_the_old_file(tmp_path, fault):
     assert os.listdir(tmp_path) == ['iter_3.pth']
 
 
-def test_write_by_name_refuses_a_temp_swapped_for_a_link(tmp_path):
-    outside = tmp_path / 'outside.txt'
-    outside.write_text('keep me')
+def test_write_by_name_never_writes_through_a_swapped_link(tmp_path):
+    """The race of a shared work dir: another process swaps the temporary
+    name for a link to a victim just before the writer opens the name it
+    was given. The victim keeps its content; the swap is refused by name
+    and neither the link nor a checkpoint is published."""
+    victim = tmp_path / 'victim.txt'
+    victim.write_text('keep me')
     work = tmp_path / 'work'
     work.mkdir()
 
-    def write(tmp: str) -> None:
-        os.unlink(tmp)
-        os.symlink(outside, tmp)
+    def write(name: str) -> None:
+        (tmp,) = _temp_files(work)
+        os.unlink(work / tmp)
+        os.symlink(victim, work / tmp)  # the swap, won by the attacker
+        _open_and_write(b'checkpoint bytes')(name)  # mmengine's open()
 
-    with pytest.raises(DurableWriteError, match='link'):
+    with pytest.raises(DurableWriteError, match='replaced by a link'):
         write_durable_by(str(work / 'iter_3.pth'), write)
-    assert outside.read_text() == 'keep me'
+    assert victim.read_text() == 'keep me'
     assert os.listdir(work) == []
+
+
+def test_write_by_name_without_proc_uses_a_private_folder(
+    tmp_path, monkeypatch
+):
+    """Where ``/proc/self/fd`` is missing, the writer gets a name in a
+    folder only this user can enter (0700); its file is renamed into
+    place and the folder removed."""
+    monkeypatch.setattr(durable_file, 'PROC_FDS', str(tmp_path / 'no-proc'))
+    path = tmp_path / 'iter_3.pth'
+    seen = []
+
+    def write(name: str) -> None:
+        private = os.path.dirname(name)
+        seen.append(os.stat(private).st_mode & 0o777)
+        assert os.path.dirname(private) == str(tmp_path)
+        assert os.path.basename(name) == 'iter_3.pth'
+        _open_and_write(b'checkpoint bytes')(name)
+
+    write_durable_by(str(path), write)
+    assert seen == [0o700]
+    assert path.read_bytes() == b'checkpoint bytes'
+    assert sorted(os.listdir(tmp_path)) == ['iter_3.pth']
+
+    def fail(name: str) -> None:
+        _open_and_write(b'half')(name)
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    with pytest.raises(DurableWriteError):
+        write_durable_by(str(path), fail)
+    assert path.read_bytes() == b'checkpoint bytes'
+    assert sorted(os.listdir(tmp_path)) == ['iter_3.pth']

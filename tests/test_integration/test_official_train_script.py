@@ -56,3 +56,38 @@ def test_official_script_is_protected(tiny_dota_root, tmp_path):
     assert report['kind'] == 'nonfinite_grad'
     assert report['action'] == 'skip'
     assert report['iteration'] == 0
+
+
+@pytest.mark.slow
+def test_own_runner_line_is_protected_and_said(tiny_dota_root, tmp_path):
+    """The config's own ``runner_type='Runner'`` replaces the include's
+    runner; run through ``python -m mmnanguard``, the official script
+    still builds the protected counterpart, and the log says why."""
+    config = tmp_path / 'own_runner_line.py'
+    config.write_text(f"_base_ = [{DEMO_CONFIG!r}]\nrunner_type = 'Runner'\n")
+    out = run_script(
+        [
+            '-m',
+            'mmnanguard',
+            OFFICIAL_TRAIN,
+            str(config),
+            '--work-dir',
+            str(tmp_path / 'work'),
+            '--cfg-options',
+            'train_cfg.max_epochs=1',
+            'custom_hooks.0.iteration=0',
+            *data_options(tiny_dota_root, images=2),
+        ]
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    log = out.stdout + out.stderr
+    assert (
+        "runner_type='Runner' (its own line, which replaces the include's "
+        'runner)' in log
+    )
+    assert 'NanGuardRunner, its protected counterpart, is built instead' in log
+    reports = glob.glob(
+        str(tmp_path / 'work' / 'nanguard' / '*' / 'report.json')
+    )
+    assert len(reports) == 1
+    assert json.load(open(reports[0]))['action'] == 'skip'

@@ -14,6 +14,7 @@ import os
 import pickle
 import struct
 import zipfile
+import zlib
 from typing import Any, Callable, Dict, Tuple
 
 import numpy as np
@@ -259,6 +260,47 @@ def write_legacy(path: str, payload: bytes) -> str:
     head, rest = buf.getvalue()[:start], buf.getvalue()[buf.tell() :]
     with open(path, 'wb') as f:
         f.write(head + payload + rest)
+    return path
+
+
+def deflated_zeros(size: int, chunk: int = 1 << 20) -> bytes:
+    """A raw deflate stream that inflates to ``size`` zero bytes (a
+    multiple of ``chunk``), made without holding them: after a full flush
+    the compressor starts afresh, so every chunk compresses to the same
+    bytes (about 1 KB per MiB), which are repeated."""
+    if size % chunk:
+        raise ValueError(f'size={size} is not a multiple of {chunk}')
+    compressor = zlib.compressobj(9, zlib.DEFLATED, -15)
+    block = compressor.compress(bytes(chunk))
+    block += compressor.flush(zlib.Z_FULL_FLUSH)
+    again = compressor.compress(bytes(chunk))
+    again += compressor.flush(zlib.Z_FULL_FLUSH)
+    if block != again:
+        raise RuntimeError('zlib made different blocks for the same chunk')
+    return block * (size // chunk) + compressor.flush()
+
+
+def write_bomb(path: str, entry: str, size: int) -> str:
+    """Turn the torch zip archive ``path`` into a decompression bomb: its
+    entry ending with ``entry`` (``'data.pkl'``, ``'data/0'``) becomes a
+    deflated stream of ``size`` zero bytes, declared as such in the
+    central directory (what torch's and Python's readers allocate by).
+    The CRC is left at 0: a reader finds out only after inflating."""
+    with zipfile.ZipFile(path) as src:
+        records = [(info.filename, src.read(info)) for info in src.infolist()]
+    if not any(name.endswith(entry) for name, _ in records):
+        raise ValueError(f'{path} has no entry ending with {entry!r}')
+    with zipfile.ZipFile(path, 'w', zipfile.ZIP_STORED) as dst:
+        for name, data in records:
+            if not name.endswith(entry):
+                dst.writestr(name, data)
+                continue
+            dst.writestr(name, deflated_zeros(size))
+            info = dst.getinfo(name)
+            # read back through the central directory written at close
+            info.compress_type = zipfile.ZIP_DEFLATED
+            info.file_size = size
+            info.CRC = 0
     return path
 
 

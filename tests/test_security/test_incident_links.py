@@ -32,24 +32,11 @@ from mmnanguard.testing.tiny_configs import MIM_ROOT
 
 sys.path.insert(0, osp.join(MIM_ROOT, 'tools'))
 import replay  # noqa: E402
+from tree_snapshot import snapshot_tree as _snapshot  # noqa: E402
 
 CONFIG = osp.join(
     MIM_ROOT, 'configs', 'tiny', 'retinanet_r18_fpn_tiny-coco.py'
 )
-
-
-def _snapshot(path):
-    """Every file under ``path`` with its content (links as targets)."""
-    found = {}
-    for dirpath, dirnames, filenames in os.walk(path):
-        for name in dirnames + filenames:
-            full = osp.join(dirpath, name)
-            if osp.islink(full):
-                found[full] = ('link', os.readlink(full))
-            elif osp.isfile(full):
-                with open(full, 'rb') as f:
-                    found[full] = ('file', f.read())
-    return found
 
 
 @pytest.fixture

@@ -7,6 +7,7 @@ import inspect
 from functools import cached_property
 from typing import Any, Dict, List, Optional, Tuple
 
+import torch
 import torch.nn as nn
 from mmengine.config import Config
 from mmengine.registry import OPTIM_WRAPPERS, OPTIMIZERS
@@ -76,6 +77,26 @@ class DoctorContext:
     def optimizer_class(self) -> Optional[type]:
         """The optimizer's class."""
         return self.resolve(self.optimizer.get('type'), OPTIMIZERS)
+
+    @cached_property
+    def built_optimizer(self) -> Optional[torch.optim.Optimizer]:
+        """The optimizer as training builds it (its class from the
+        config's scope, its arguments), on one stand-in parameter; None
+        without an optimizer or when it does not build (the error is then
+        in :attr:`optimizer_error`)."""
+        self.optimizer_error: Optional[str] = None
+        if not self.optimizer.get('type'):
+            return None
+        stand_in = nn.Parameter(torch.zeros(1))
+        try:
+            return build_in_scope(
+                dict(self.optimizer, params=[stand_in]),
+                self.scope,
+                OPTIMIZERS,
+            )
+        except (KeyError, TypeError, ValueError, ImportError) as err:
+            self.optimizer_error = f'{type(err).__name__}: {err}'
+            return None
 
     @cached_property
     def is_amp(self) -> bool:

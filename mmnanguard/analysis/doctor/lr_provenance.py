@@ -1,35 +1,37 @@
 # Copyright (c) mmnanguard contributors. All rights reserved.
-"""Which file of a config's ``_base_`` chain set a value, and the learning
-rate that ``auto_scale_lr.base_batch_size`` was written for.
+"""The learning rates that the files of a config's ``_base_`` chain write
+for its ``auto_scale_lr.base_batch_size``.
 
-``base_batch_size`` describes the lr of the file that sets it: a config
-that inherits it and changes only the lr (scaled by hand for a smaller
-batch) keeps a ``base_batch_size`` written for another lr.
+A config that inherits ``base_batch_size`` and changes only the lr
+(scaled by hand for a smaller batch) keeps a ``base_batch_size`` written
+for the lr of one of its bases.
 """
 
 import os.path as osp
-from typing import Any, Callable, List, NamedTuple, Optional
+from typing import Any, List, NamedTuple
 
 from mmengine.config import Config
 
 
-class LrReference(NamedTuple):
-    """The lr that ``base_batch_size`` was written for.
+class WrittenLr(NamedTuple):
+    """An lr that a file of a config's ``_base_`` chain writes for the
+    config's ``auto_scale_lr.base_batch_size``.
 
     Args:
         lr (float): That lr.
-        base_batch_size (int): The batch it was set for.
-        source (str): The config file that sets ``base_batch_size`` ('' if
-            the config has no file).
+        source (str): The file (its name only, no folder).
     """
 
     lr: float
-    base_batch_size: int
     source: str
 
 
+def _optimizer(cfg: Any) -> Any:
+    return (cfg.get('optim_wrapper') or {}).get('optimizer') or {}
+
+
 def _lr(cfg: Any) -> Any:
-    return ((cfg.get('optim_wrapper') or {}).get('optimizer') or {}).get('lr')
+    return _optimizer(cfg).get('lr')
 
 
 def _base_batch(cfg: Any) -> Any:
@@ -44,55 +46,57 @@ def _bases(filename: str) -> List[str]:
     ]
 
 
-def setting_file(filename: str, get: Callable[[Any], Any]) -> Optional[str]:
-    """The most derived file of the chain of ``filename`` whose value of
-    ``get`` is not inherited from one of its bases.
+def chain_files(filename: str) -> List[str]:
+    """``filename`` and every file of its ``_base_`` chain, most derived
+    first (depth first, in the order each file names its bases).
 
     Args:
         filename (str): A config file.
-        get (Callable): Reads the value off a loaded config.
 
     Returns:
-        str | None: The file, or None if no file sets the value.
+        list[str]: The files, each once.
     """
-    value = get(Config.fromfile(filename))
-    if value is None:
-        return None
+    files = [filename]
     for base in _bases(filename):
-        if get(Config.fromfile(base)) == value:
-            return setting_file(base, get)
-    return filename
+        files.extend(f for f in chain_files(base) if f not in files)
+    return files
 
 
-def lr_reference(cfg: Config) -> Optional[LrReference]:
-    """The lr that ``auto_scale_lr.base_batch_size`` describes.
+def written_lrs(cfg: Config) -> List[WrittenLr]:
+    """The lrs that the files of the config's chain write for its
+    ``base_batch_size``, most derived file first, each value once.
 
-    That is the lr of the config loaded from the file that sets
-    ``base_batch_size``; the config's own lr where it has no file or the
-    chain cannot be read.
+    A file that keeps the chain's ``base_batch_size`` and changes the lr
+    (mmdet's RetinaNet writes 0.01 over ``schedule_1x.py``'s 0.02, both
+    for 16 images; a user's config writes 0.00125, that 0.01 scaled by
+    hand to 2 images) adds an lr; a file loaded with another
+    ``base_batch_size`` or another optimizer type adds none.
 
     Args:
-        cfg (Config): The loaded config (``--cfg-options`` merged).
+        cfg (Config): The loaded config (``--cfg-options`` merged: an lr
+            set there is in no file).
 
     Returns:
-        LrReference | None: None without ``base_batch_size`` or lr.
+        list[WrittenLr]: Empty without ``base_batch_size``, without a
+        config file, or when the chain cannot be read.
     """
-    base, lr = _base_batch(cfg), _lr(cfg)
-    if not isinstance(base, int) or not isinstance(lr, (int, float)):
-        return None
+    base, kind = _base_batch(cfg), _optimizer(cfg).get('type')
     filename = getattr(cfg, 'filename', None)
-    if not filename or not osp.isfile(filename):
-        return LrReference(lr, base, '')
+    if not isinstance(base, int) or not filename or not osp.isfile(filename):
+        return []
+    found: List[WrittenLr] = []
     try:
-        source = setting_file(filename, _base_batch)
-        written = Config.fromfile(source) if source else cfg
+        for path in chain_files(filename):
+            loaded = Config.fromfile(path)
+            lr = _lr(loaded)
+            if (
+                _base_batch(loaded) != base
+                or _optimizer(loaded).get('type') != kind
+                or not isinstance(lr, (int, float))
+            ):
+                continue
+            if all(w.lr != lr for w in found):
+                found.append(WrittenLr(lr, osp.basename(path)))
     except (OSError, SyntaxError, KeyError, TypeError, ValueError):
-        return LrReference(lr, base, '')
-    if _base_batch(written) != base or not isinstance(
-        _lr(written), (int, float)
-    ):
-        # base_batch_size changed after the files (--cfg-options)
-        return LrReference(lr, base, '')
-    return LrReference(
-        _lr(written), base, osp.normpath(source) if source else ''
-    )
+        return found
+    return found

@@ -1,6 +1,6 @@
 # Copyright (c) mmnanguard contributors. All rights reserved.
-"""Rules on the learning rate: the linear-scaling rule for the total batch
-size, and warmup."""
+"""Rules on the learning rate: the scaling rule of the optimizer's family
+for the total batch size, and warmup."""
 
 import math
 from typing import List, Optional
@@ -13,11 +13,14 @@ from mmengine.registry import PARAM_SCHEDULERS
 
 from .context import DoctorContext, default_of
 from .finding import Finding
-from .lr_provenance import lr_reference
+from .lr_provenance import WrittenLr, written_lrs
+from .lr_scaling_rules import OptimizerFamily, ScalingRule, optimizer_family
 from .scheduler_hooks import SchedulerHook, scheduler_hooks
 
-#: lr / linearly scaled lr above which the lr is "far above" the rule.
+#: lr / the lr of the scaling rule above which the lr is "far above" it.
 FAR_ABOVE = 2.0
+#: Relative tolerance of an lr scaled by hand (rounded when written).
+HAND_SCALED_TOLERANCE = 0.02
 
 
 def _schedulers(ctx: DoctorContext) -> list:
@@ -69,8 +72,7 @@ def _assumed(ctx: DoctorContext) -> List[Finding]:
             'info',
             f'no auto_scale_lr.base_batch_size: lr {lr:g} is assumed to be '
             f"set for this run's total batch of {total} ({ctx.num_gpus} "
-            f'GPU x {ctx.batch_size}); the linear-scaling rule was not '
-            'checked',
+            f'GPU x {ctx.batch_size}); the lr scaling rule was not checked',
             f'auto_scale_lr = dict(base_batch_size={total})  # the batch '
             'lr was tuned for',
             'auto_scale_lr.base_batch_size',
@@ -78,45 +80,129 @@ def _assumed(ctx: DoctorContext) -> List[Finding]:
     ]
 
 
-def _scaled_by_hand(ctx: DoctorContext, lr: float, total: int, base: int):
-    """Whether ``lr`` is the lr that ``base_batch_size`` was written for
-    (:func:`.lr_provenance.lr_reference`), scaled by hand to this run's
-    total batch by the linear-scaling rule."""
-    ref = lr_reference(ctx.cfg)
-    if ref is None or ref.lr == lr or not ref.lr:
-        return False
-    return math.isclose(lr / ref.lr, total / base, rel_tol=1e-3)
+def _batch(ctx: DoctorContext, total: int) -> str:
+    return f'total batch of {total} ({ctx.num_gpus} GPU x {ctx.batch_size})'
 
 
-def check_linear_scaling(ctx: DoctorContext) -> List[Finding]:
-    """The lr far above the linear-scaling rule for the total batch size.
+def _scaled_by_hand(
+    ctx: DoctorContext, written: List[WrittenLr], family: OptimizerFamily
+) -> Optional[Finding]:
+    """An info finding when the lr is one that a file of the chain writes
+    for ``base_batch_size`` (:func:`.lr_provenance.written_lrs`), scaled
+    to this run's batch by one of the family's rules; None otherwise."""
+    lr, total, base, _ = _scaled_lr(ctx)
+    for source in written:
+        for rule in family.rules:
+            factor = rule.factor(total, base)
+            if factor == 1.0 or not math.isclose(
+                lr, source.lr * factor, rel_tol=HAND_SCALED_TOLERANCE
+            ):
+                continue
+            return Finding(
+                'lr-scaling-rule',
+                'info',
+                f'lr {lr:g} is {source.lr:g} ({source.source}, for '
+                f'auto_scale_lr.base_batch_size={base}) scaled by hand to '
+                f"this run's {_batch(ctx, total)} by the "
+                f'{rule.describe(total, base)} for {family.name}',
+                'nothing to change',
+                'optim_wrapper.optimizer.lr',
+            )
+    return None
 
-    ``auto_scale_lr.base_batch_size`` is the batch the lr was set for; an
-    lr that a config changed after the file setting ``base_batch_size``,
-    to exactly that file's lr scaled to this run's batch, was scaled by
-    hand and passes (:func:`_scaled_by_hand`). Without
-    ``base_batch_size`` the finding says what was assumed.
+
+def _unknown_family(ctx: DoctorContext) -> List[Finding]:
+    """The info finding for an optimizer with no known scaling rule."""
+    lr, total, base, _ = _scaled_lr(ctx)
+    optimizer = ctx.built_optimizer
+    what = (
+        type(optimizer).__name__
+        if optimizer is not None
+        else f'{ctx.optimizer.get("type")!r}, which does not build '
+        f'({ctx.optimizer_error})'
+    )
+    return [
+        Finding(
+            'lr-scaling-unknown',
+            'info',
+            f'no lr scaling rule is known for {what}: lr {lr:g} was not '
+            f'checked against the total batch of {base} it was set for '
+            f"(auto_scale_lr.base_batch_size) and this run's "
+            f'{_batch(ctx, total)}',
+            'optim_wrapper = dict(optimizer=dict(lr=...))  # if the lr '
+            'depends on the batch',
+            'optim_wrapper.optimizer.lr',
+        )
+    ]
+
+
+def check_lr_scaling(ctx: DoctorContext) -> List[Finding]:
+    """The lr far above the scaling rule of the optimizer's family for the
+    total batch size (:mod:`.lr_scaling_rules`: linear for SGD; square
+    root or none for Adam and AdamW; none for Adadelta and Adagrad; the
+    family read off the built optimizer).
+
+    ``auto_scale_lr.base_batch_size`` is the batch the lr was set for. An
+    lr that a file of the config's chain writes for that batch, scaled by
+    hand to this run's batch by an accepted rule, passes with an info line
+    naming the rule (:func:`_scaled_by_hand`). Otherwise the lr the rule
+    starts from is the run's lr when a file writes it, else (set by
+    ``--cfg-options`` or in code) the lr of the most derived file, and the
+    most lenient accepted rule is checked. Without ``base_batch_size``, or
+    for an optimizer with no known rule, an info line says what was not
+    checked.
     """
     scaled = _scaled_lr(ctx)
     if scaled is None:
         return _assumed(ctx) if ctx.optim_wrapper else []
     lr, total, base, enabled = scaled
-    if enabled or base / total <= FAR_ABOVE:
+    if enabled or total == base:
         return []
-    if _scaled_by_hand(ctx, lr, total, base):
+    optimizer = ctx.built_optimizer
+    family = optimizer_family(optimizer) if optimizer is not None else None
+    if family is None:
+        return _unknown_family(ctx)
+    written = written_lrs(ctx.cfg)
+    by_hand = _scaled_by_hand(ctx, written, family)
+    if by_hand is not None:
+        return [by_hand]
+    in_a_file = not written or any(w.lr == lr for w in written)
+    start = lr if in_a_file else written[0].lr
+    rule = max(family.rules, key=lambda r: r.factor(total, base))
+    rule_lr = start * rule.factor(total, base)
+    setting = (
+        f'lr {lr:g} was set'
+        if in_a_file
+        else f'lr {lr:g} is not in the config files, whose lr '
+        f'{start:g} ({written[0].source}) was set'
+    )
+    if lr / rule_lr > FAR_ABOVE:
+        return [
+            Finding(
+                'lr-above-linear-scaling',
+                'warning',
+                f'{setting} for a total batch of {base} '
+                f"(auto_scale_lr.base_batch_size); this run's "
+                f'{_batch(ctx, total)} takes {rule_lr:.3g} by the '
+                f'{rule.describe(total, base)} for {family.name}: '
+                f'{lr / rule_lr:.3g}x too high',
+                f'auto_scale_lr = dict(enable=True, base_batch_size={base})'
+                f'  # or optim_wrapper = dict(optimizer=dict(lr='
+                f'{rule_lr:.3g}))',
+                'optim_wrapper.optimizer.lr',
+            )
+        ]
+    if rule is not ScalingRule.NONE or not in_a_file:
         return []
-    rule_lr = lr * total / base
     return [
         Finding(
-            'lr-above-linear-scaling',
-            'warning',
-            f'lr {lr:g} was set for a total batch of {base} '
-            f'(auto_scale_lr.base_batch_size); this run has {total} '
-            f'({ctx.num_gpus} GPU x {ctx.batch_size}), for which the '
-            f'linear-scaling rule gives {rule_lr:.3g}: {base / total:.3g}x '
-            'too high',
-            f'auto_scale_lr = dict(enable=True, base_batch_size={base})  '
-            f'# or optim_wrapper = dict(optimizer=dict(lr={rule_lr:.3g}))',
+            'lr-scaling-rule',
+            'info',
+            f'{setting} for a total batch of {base} '
+            "(auto_scale_lr.base_batch_size) and is kept for this run's "
+            f'{_batch(ctx, total)} by the {rule.describe(total, base)} '
+            f'for {family.name}',
+            'nothing to change',
             'optim_wrapper.optimizer.lr',
         )
     ]

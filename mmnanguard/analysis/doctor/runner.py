@@ -23,11 +23,11 @@ from .rules_optim import (
     check_sgd_clip_grad,
 )
 from .rules_resume import check_resume_grad_scaler
-from .rules_schedule import check_linear_scaling, check_warmup
+from .rules_schedule import check_lr_scaling, check_warmup
 
 #: Rule group -> its check, in the order they run.
 RULES: Dict[str, Callable[[DoctorContext], List[Finding]]] = {
-    'lr scaling': check_linear_scaling,
+    'lr scaling': check_lr_scaling,
     'warmup': check_warmup,
     'clip_grad': check_sgd_clip_grad,
     'amp loss scale': check_amp_loss_scale,

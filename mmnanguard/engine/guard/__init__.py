@@ -1,8 +1,10 @@
 # Copyright (c) mmnanguard contributors. All rights reserved.
 """The guard's building blocks, used by :class:`NanGuardHook`."""
 
+from .dropped_step_scalars import DroppedStepScalars
 from .exceptions import (
     AmpScaleCollapseError,
+    GuardStateError,
     NonFiniteTrainingError,
     PoisonedCheckpointError,
     TrainingSpikeError,
@@ -19,7 +21,9 @@ from .step_guard import StepGuard
 from .verdict import IterationOutcome, StepVerdict
 
 __all__ = [
+    'DroppedStepScalars',
     'AmpScaleCollapseError',
+    'GuardStateError',
     'NonFiniteTrainingError',
     'PoisonedCheckpointError',
     'TrainingSpikeError',

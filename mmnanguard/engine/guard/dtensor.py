@@ -9,16 +9,26 @@ then summed by the read's one ``all_reduce``, and so are their shares of
 the gradient norm (:mod:`.grad_norm`). A norm that is not folded there is
 a replicated DTensor (its reduction happens inside the norm, as in
 ``clip_grad_norm_``); its local value is the global one.
+
+FSDP1's local state dict (mmengine's ``FSDPStrategy`` with
+``state_dict_cfg='local'``) holds ``ShardedTensor`` values instead; their
+local part is this rank's shards, flattened.
 """
 
 from typing import Any
 
+import torch
 from torch import Tensor
 
 try:
     from torch.distributed.tensor import DTensor
 except ImportError:  # pragma: no cover (torch < 2.4)
     DTensor = None
+
+try:
+    from torch.distributed._shard.sharded_tensor import ShardedTensor
+except ImportError:  # pragma: no cover (torch without distributed)
+    ShardedTensor = None
 
 
 def is_dtensor(value: Any) -> bool:
@@ -27,9 +37,20 @@ def is_dtensor(value: Any) -> bool:
 
 
 def local(value: Tensor) -> Tensor:
-    """This rank's part of ``value`` (``value`` itself if it is not a
-    DTensor); no communication."""
-    return value.to_local() if is_dtensor(value) else value
+    """This rank's part of ``value`` (``value`` itself if it is neither a
+    DTensor nor a ``ShardedTensor``); no communication.
+
+    A ``ShardedTensor``'s part is its local shards, flattened and joined
+    (an empty tensor of its dtype when this rank holds none).
+    """
+    if is_dtensor(value):
+        return value.to_local()
+    if ShardedTensor is not None and isinstance(value, ShardedTensor):
+        shards = [shard.tensor.reshape(-1) for shard in value.local_shards()]
+        if not shards:
+            return torch.empty(0, dtype=value.dtype)
+        return shards[0] if len(shards) == 1 else torch.cat(shards)
+    return value
 
 
 def global_value(value: Tensor) -> Tensor:

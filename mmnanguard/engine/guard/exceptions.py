@@ -31,3 +31,29 @@ class AmpScaleCollapseError(RuntimeError):
     The message names the iteration, the optim wrapper, the precision and
     the cause (scale under ``min_loss_scale``, or the skipped share).
     """
+
+
+class GuardStateError(ValueError):
+    """A value of the guard's own state in a checkpoint (its
+    ``nanguard`` key) is not of the form the guard writes: a NaN lr
+    multiplier, a negative counter, a string where a number belongs.
+
+    Raised while the checkpoint is loaded, before the value is used; the
+    protected runners name the file it came from.
+
+    Args:
+        key (str): Where the value sits, below ``nanguard``
+            (``'lr_backoff.multiplier'``).
+        value: The value found.
+        expected (str): The form it must have.
+    """
+
+    def __init__(self, key: str, value, expected: str) -> None:
+        self.key = f'nanguard.{key}'
+        shown = repr(value)
+        if len(shown) > 80:
+            shown = shown[:77] + '...'
+        super().__init__(
+            f'{self.key} is {shown} ({type(value).__name__}); expected '
+            f'{expected}'
+        )

@@ -51,6 +51,7 @@ from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 from mmengine.hooks import ParamSchedulerHook
 
 from .optim_members import optim_wrapper_members
+from .state_checks import number_at, optional_count_at, state_dict_at
 
 #: Schedulers that do not carry a backoff forward (see module docstring).
 NON_CHAINING_SCHEDULERS = (
@@ -269,11 +270,34 @@ class LrBackoff:
         )
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
-        """Restore :meth:`state_dict`."""
-        self.multiplier = float(state.get('multiplier', 1.0))
-        self._ramp_from = float(state.get('ramp_from', 1.0))
-        start = state.get('ramp_start')
-        self._ramp_start = None if start is None else int(start)
+        """Restore :meth:`state_dict`: the multiplier and the ramp's start
+        value finite numbers in (0, 1] (a product of factors in (0, 1]),
+        the ramp's start iteration None or an int >= 0.
+
+        Raises:
+            GuardStateError: A value is not of that form (nothing is
+                taken).
+        """
+        state = state_dict_at(state, 'lr_backoff')
+        multiplier = number_at(
+            state.get('multiplier', 1.0),
+            'lr_backoff.multiplier',
+            0.0,
+            1.0,
+            low_open=True,
+        )
+        ramp_from = number_at(
+            state.get('ramp_from', 1.0),
+            'lr_backoff.ramp_from',
+            0.0,
+            1.0,
+            low_open=True,
+        )
+        start = optional_count_at(
+            state.get('ramp_start'), 'lr_backoff.ramp_start'
+        )
+        self.multiplier, self._ramp_from = multiplier, ramp_from
+        self._ramp_start = start
 
 
 def non_chaining_schedulers(runner) -> List[str]:

@@ -12,6 +12,8 @@ from typing import Any, List, Optional
 import torch
 from mmengine import dist
 
+from .dtensor import local
+
 
 def is_distributed() -> bool:
     """Whether more than one rank takes part."""
@@ -54,9 +56,10 @@ def same_on_every_rank(value: Optional[str]) -> bool:
 
 
 def local_tensors(tree: Any) -> Any:
-    """``tree`` with each DTensor replaced by this rank's shard (no
-    communication; a sharded state is checked rank by rank and the
-    findings are then agreed with :func:`any_rank`).
+    """``tree`` with each DTensor or ``ShardedTensor`` replaced by this
+    rank's shard (:func:`~.dtensor.local`; no communication: a sharded
+    state is checked rank by rank and the findings are then agreed with
+    :func:`any_rank`).
 
     Args:
         tree: Tensors in dicts / lists / tuples.
@@ -64,8 +67,8 @@ def local_tensors(tree: Any) -> Any:
     Returns:
         The same structure with plain tensors.
     """
-    if hasattr(tree, 'to_local') and isinstance(tree, torch.Tensor):
-        return tree.to_local()
+    if isinstance(tree, torch.Tensor):
+        return local(tree)
     if isinstance(tree, dict):
         return {k: local_tensors(v) for k, v in tree.items()}
     if isinstance(tree, (list, tuple)):

@@ -32,6 +32,7 @@ from .settings import GuardSettings
 from .snapshot import TrainingSnapshot, unwrap_model, write_runner_state
 from .snapshot_store import SnapshotStore
 from .spike_detector import SpikeDetector, spikes_as_dicts
+from .state_checks import count_at, state_dict_at
 from .step_guard import StepGuard
 from .verdict import IterationOutcome, StepVerdict
 
@@ -287,11 +288,29 @@ class GuardResponder:
         return False
 
     def check_checkpoint(
-        self, runner, checkpoint: dict, traces: Dict[int, Any]
+        self,
+        runner,
+        checkpoint: dict,
+        traces: Dict[int, Any],
+        alone: bool = False,
     ) -> None:
-        """Refuse to write non-finite state; store the guard's state."""
-        if self.step_guard is not None and self.check_pending_params(
-            runner, traces
+        """Refuse to write non-finite state; store the guard's state.
+
+        Args:
+            runner: The runner.
+            checkpoint (dict): The checkpoint about to be written.
+            traces (dict): The hook's iteration traces.
+            alone (bool): This rank checks without the others (a
+                distributed run whose ranks did not agree before this
+                save): no collective is made, a queued parameter check
+                stays queued for the next step's read, and a non-finite
+                state is refused by raising, since no recovery can be
+                agreed. Defaults to False.
+        """
+        if (
+            self.step_guard is not None
+            and not alone
+            and self.check_pending_params(runner, traces)
         ):
             write_runner_state(runner, checkpoint)  # the restored state
         bad = nonfinite_paths(
@@ -300,6 +319,15 @@ class GuardResponder:
                 optimizer=checkpoint.get('optimizer'),
             )
         )
+        if bad and alone:
+            raise PoisonedCheckpointError(
+                'nanguard: refusing to write the checkpoint of iteration '
+                f'{runner.iter}: non-finite {bad[:5]}. It was checked on '
+                'this rank alone (save_checkpoint was called on this rank '
+                'only), so no recovery could be agreed with the other '
+                'ranks; call runner.save_checkpoint on every rank, as '
+                "mmengine's CheckpointHook does."
+            )
         if bad:
             self._incident(
                 runner,
@@ -339,14 +367,29 @@ class GuardResponder:
         )
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
-        """Restore :meth:`state_dict`."""
-        saved = state.get('counters', {})
-        for name in COUNTERS:
-            self.counters[name] = int(saved.get(name, self.counters[name]))
-        if 'lr_backoff' in state:
-            self.lr_backoff.load_state_dict(state['lr_backoff'])
-        if self.spike_detector is not None and state.get('spike'):
-            self.spike_detector.load_state_dict(state['spike'])
+        """Restore :meth:`state_dict`, every value checked first
+        (:mod:`.state_checks`).
+
+        Raises:
+            GuardStateError: A value is not of the form the guard writes
+                (a NaN multiplier, a negative counter); nothing is taken.
+        """
+        state = state_dict_at(state, '')
+        saved = state_dict_at(state.get('counters', {}), 'counters')
+        counters = {
+            name: count_at(saved[name], f'counters.{name}')
+            for name in COUNTERS
+            if name in saved
+        }
+        backoff = state.get('lr_backoff')
+        spike = state.get('spike')
+        if backoff is not None:  # checked whole before anything is taken
+            LrBackoff(self.lr_backoff.factor).load_state_dict(backoff)
+        if self.spike_detector is not None and spike:
+            self.spike_detector.load_state_dict(spike)
+        if backoff is not None:
+            self.lr_backoff.load_state_dict(backoff)
+        self.counters.update(counters)
 
     def publish(self, runner) -> None:
         """The counters and the lr factor, through the MessageHub."""

@@ -10,6 +10,7 @@ from mmengine.runner.checkpoint import CheckpointLoader, weights_to_cpu
 from mmengine.utils import apply_to
 
 from .checkpoint_layout import model_state_for
+from .fsdp1_state import load_strategy_state, loads_through_strategy
 
 
 def _copy(x: torch.Tensor, device: Optional[str]) -> torch.Tensor:
@@ -58,6 +59,21 @@ def _load_scheduler_states(runner, states: Any) -> None:
             scheduler.load_state_dict(state)
 
 
+def optimizer_state(optim_wrapper) -> Dict[str, Any]:
+    """What a snapshot keeps of ``optim_wrapper``: its
+    ``snapshot_state_dict()`` where it has one (a wrapper whose
+    ``state_dict`` leaves out this rank's partitioned state, as DeepSpeed's
+    does), else its ``state_dict()``."""
+    state_dict = getattr(optim_wrapper, 'snapshot_state_dict', None)
+    return (state_dict or optim_wrapper.state_dict)()
+
+
+def load_optimizer_state(optim_wrapper, state: Dict[str, Any]) -> None:
+    """Restore what :func:`optimizer_state` returned."""
+    load = getattr(optim_wrapper, 'load_snapshot_state_dict', None)
+    (load or optim_wrapper.load_state_dict)(state)
+
+
 def ema_hooks(runner) -> List[EMAHook]:
     """The runner's EMA hooks."""
     return [h for h in runner.hooks if isinstance(h, EMAHook)]
@@ -75,6 +91,9 @@ class TrainingSnapshot:
         schedulers: Param scheduler states.
         ema (list[dict]): State of each ``EMAHook.ema_model``.
         source (str): ``'memory'`` or the checkpoint's path.
+        through_strategy (bool): Whether model and optimizer states are in
+            the layout of an FSDP1 strategy's checkpoint and are restored
+            through it (:mod:`.fsdp1_state`).
     """
 
     def __init__(
@@ -85,6 +104,7 @@ class TrainingSnapshot:
         schedulers: Any = None,
         ema: Optional[List[Dict[str, torch.Tensor]]] = None,
         source: str = 'memory',
+        through_strategy: bool = False,
     ) -> None:
         self.iteration = iteration
         self.model = model
@@ -92,6 +112,7 @@ class TrainingSnapshot:
         self.schedulers = schedulers
         self.ema = ema or []
         self.source = source
+        self.through_strategy = through_strategy
 
     @classmethod
     def capture(cls, runner, device: Optional[str] = 'cpu'):
@@ -99,7 +120,9 @@ class TrainingSnapshot:
         return cls(
             iteration=runner.iter,
             model=_clone_tree(unwrap_model(runner.model).state_dict(), device),
-            optimizer=_clone_tree(runner.optim_wrapper.state_dict(), device),
+            optimizer=_clone_tree(
+                optimizer_state(runner.optim_wrapper), device
+            ),
             schedulers=_clone_tree(scheduler_states(runner), device),
             ema=[
                 _clone_tree(h.ema_model.state_dict(), device)
@@ -113,11 +136,17 @@ class TrainingSnapshot:
 
         ``EMAHook`` swaps the EMA weights into ``state_dict`` when it saves;
         this swaps them back, as ``EMAHook.after_load_checkpoint`` does.
+        An FSDP1 strategy's checkpoint keeps its layout and is restored
+        through the strategy.
         """
         ckpt = CheckpointLoader.load_checkpoint(path, map_location='cpu')
-        model_state = model_state_for(
-            ckpt['state_dict'], unwrap_model(runner.model)
-        )
+        through_strategy = loads_through_strategy(runner)
+        if through_strategy:
+            model_state = dict(ckpt['state_dict'])
+        else:
+            model_state = model_state_for(
+                ckpt['state_dict'], unwrap_model(runner.model)
+            )
         ema_state = ckpt.get('ema_state_dict')
         ema = []
         if ema_state is not None and ema_hooks(runner):
@@ -138,14 +167,19 @@ class TrainingSnapshot:
             schedulers=ckpt.get('param_schedulers'),
             ema=ema,
             source=path,
+            through_strategy=through_strategy,
         )
 
     def restore(self, runner) -> None:
         """Load the state into the runner's model, optimizer, schedulers and
         EMA hooks. The snapshot itself stays untouched (fresh copies are
         loaded, since optimizers alias the tensors they are given)."""
-        unwrap_model(runner.model).load_state_dict(self.model)
-        runner.optim_wrapper.load_state_dict(_clone_tree(self.optimizer, None))
+        optimizer = _clone_tree(self.optimizer, None)
+        if self.through_strategy:
+            load_strategy_state(runner, self.model, optimizer)
+        else:
+            unwrap_model(runner.model).load_state_dict(self.model)
+            load_optimizer_state(runner.optim_wrapper, optimizer)
         _load_scheduler_states(runner, _clone_tree(self.schedulers, None))
         for hook, state in zip(ema_hooks(runner), self.ema):
             hook.ema_model.load_state_dict(state)

@@ -36,6 +36,7 @@ import torch
 from torch import Tensor
 
 from .spike_settings import SpikeSettings
+from .state_checks import numbers_at, state_dict_at
 
 
 @dataclass
@@ -256,12 +257,20 @@ class SpikeDetector:
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         """Restore :meth:`state_dict` (put on the device at the next
-        check)."""
-        self.names, self._window, self._count = [], None, None
-        self._loaded = {
-            k: [float(x) for x in v]
-            for k, v in state.get('windows', {}).items()
+        check), every value a finite number.
+
+        Raises:
+            GuardStateError: A window is not a list of finite numbers
+                (nothing is taken).
+        """
+        state = state_dict_at(state, 'spike')
+        windows = state_dict_at(state.get('windows', {}), 'spike.windows')
+        loaded = {
+            name: numbers_at(values, f'spike.windows.{name}')
+            for name, values in windows.items()
         }
+        self.names, self._window, self._count = [], None, None
+        self._loaded = loaded
 
     def windows(self) -> Dict[str, List[float]]:
         """The admitted values per quantity, oldest first (a host read)."""

@@ -1,7 +1,7 @@
 # Copyright (c) mmnanguard contributors. All rights reserved.
 """Inject a known numerical fault at one iteration (chaos testing)."""
 
-from typing import Any, List, Optional
+from typing import Any, List, Optional, Set
 
 import torch
 from mmengine.dist import get_rank
@@ -34,7 +34,8 @@ class FaultInjectionHook(Hook):
     * ``inf_loss``: ``+inf`` added to the loss term ``loss_key`` (default:
       the first term whose name starts with ``loss``).
     * ``nan_grad``: a term ``sqrt(sum((w - w.detach())**2))`` on the first
-      trainable parameter: its value is 0, its gradient is NaN.
+      parameter that requires a gradient and that an optimizer holds: its
+      value is 0, its gradient is NaN.
     * ``lr_spike``: every learning rate set to ``value`` (default 1e12).
     * ``nan_optimizer_state``: a NaN written into the first optimizer state
       tensor (e.g. SGD's momentum buffer) before the step.
@@ -85,6 +86,7 @@ class FaultInjectionHook(Hook):
         self.module_name = module_name
         self.injected_at: List[int] = []
         self._handles: List[Any] = []
+        self._held: Set[int] = set()
 
     def _due(self, runner) -> bool:
         return runner.iter == self.iteration and (
@@ -104,6 +106,7 @@ class FaultInjectionHook(Hook):
                 model.data_preprocessor.register_forward_hook(_nan_pixel)
             )
         elif self.fault in ('inf_loss', 'nan_grad'):
+            self._held = _held_by_optimizers(runner.optim_wrapper)
             self._handles.append(
                 model.register_forward_hook(self._poison_losses)
             )
@@ -137,12 +140,28 @@ class FaultInjectionHook(Hook):
             else:
                 losses[key] = value + float('inf')
         else:
-            weight = next(p for p in module.parameters() if p.requires_grad)
+            weight = next(
+                p
+                for p in module.parameters()
+                if p.requires_grad and id(p) in self._held
+            )
             weight = local(weight)  # a sharded one: this rank's shard only
             losses['loss_fault_sqrt'] = torch.sqrt(
                 ((weight - weight.detach()) ** 2).sum()
             )
         return losses
+
+
+def _held_by_optimizers(optim_wrapper) -> Set[int]:
+    """The ids of the parameters the optimizers step (a parameter outside
+    every param group, e.g. one frozen by leaving it out, gets no update
+    and is never a fault's target)."""
+    return {
+        id(param)
+        for wrapper in optim_wrapper_members(optim_wrapper)
+        for group in wrapper.optimizer.param_groups
+        for param in group['params']
+    }
 
 
 def _nan_pixel(module, args, output):

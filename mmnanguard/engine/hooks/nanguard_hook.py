@@ -11,12 +11,15 @@ from mmengine.optim import AmpOptimWrapper
 from mmnanguard.registry import HOOKS, register_shared
 
 from ..guard import GuardSettings, StepGuard
+from ..guard.dropped_step_scalars import DroppedStepScalars
 from ..guard.input_check import capture_input_finiteness
 from ..guard.loss_terms import capture_loss_terms
 from ..guard.lr_backoff import lr_setting_hooks, non_chaining_schedulers
 from ..guard.optim_members import optim_wrapper_members
+from ..guard.rank_agreement import is_distributed
 from ..guard.responder import GuardResponder, IterationTrace, Listener
 from ..guard.rng import capture_rng_state
+from ..guard.save_agreement import agree_around_saves, agree_before_save
 from ..guard.snapshot import unwrap_model
 from ..incident import IncidentRecorder, mark_discarded
 from ..optimizers import install_step_guard
@@ -100,6 +103,8 @@ class NanGuardHook(Hook):
         self.step_guard: Optional[StepGuard] = None
         self._traces: Dict[int, IterationTrace] = {}
         self._enforcer = LrBackoffEnforcer(self.responder)
+        self._dropped_scalars = DroppedStepScalars()
+        self._save_agreed = False
 
     # -- what other hooks and tests read -----------------------------------
     @property
@@ -175,6 +180,8 @@ class NanGuardHook(Hook):
             get_world_size(),
         )
         self.responder.start(runner, self.step_guard, recorder)
+        if not getattr(runner, 'agrees_before_save', False):
+            self._guard_alone(runner)
         runner.logger.info(f'nanguard active: {self.settings.to_dict()}')
 
     def before_train_iter(
@@ -196,17 +203,41 @@ class NanGuardHook(Hook):
         data_batch: DATA_BATCH = None,
         outputs: Optional[dict] = None,
     ) -> None:
-        """Hand the iteration's outcome to the responder."""
+        """Hand the iteration's outcome to the responder; keep a dropped
+        step's values out of the smoothed log (``DroppedStepScalars``)."""
         outcome = self.step_guard.outcome
         try:
             self.responder.on_iteration(runner, outcome, self._traces)
         finally:
             if outcome.verdicts:  # keep this step's batch for its param check
                 self._traces = {runner.iter: self._traces[runner.iter]}
+        # a dropped step's loss and grad_norm leave the log's means
+        self._dropped_scalars.after_iteration(runner, outcome, outputs)
+
+    def agree_before_save(self, runner) -> bool:
+        """Check the state about to be saved on every rank and handle a
+        non-finite one on every rank (call it on every rank, before the
+        master-only part of ``save_checkpoint``;
+        :mod:`~mmnanguard.engine.guard.save_agreement`).
+
+        Returns:
+            bool: Whether an incident was handled.
+        """
+        self._save_agreed = True
+        return agree_before_save(runner, self.responder, self._traces)
 
     def before_save_checkpoint(self, runner, checkpoint: dict) -> None:
-        """Refuse to write non-finite state; store the guard's state."""
-        self.responder.check_checkpoint(runner, checkpoint, self._traces)
+        """Refuse to write non-finite state; store the guard's state.
+
+        Under ``torch.distributed`` this runs on rank 0 alone, so it makes
+        no collective: the ranks agreed in :meth:`agree_before_save`."""
+        agreed, self._save_agreed = self._save_agreed, False
+        self.responder.check_checkpoint(
+            runner,
+            checkpoint,
+            self._traces,
+            alone=is_distributed() and not agreed,
+        )
 
     def after_load_checkpoint(self, runner, checkpoint: dict) -> None:
         """On resume: restore what :meth:`before_save_checkpoint` stored,
@@ -232,6 +263,25 @@ class NanGuardHook(Hook):
         runner.logger.info(f'nanguard summary: {self.counters}')
 
     # -- helpers --------------------------------------------------------------
+    def _guard_alone(self, runner) -> None:
+        """Under a runner that is not a protected one: agree before each
+        checkpoint on every rank, and say what the hook alone leaves out."""
+        if is_distributed():
+            agree_around_saves(runner, self.agree_before_save)
+            runner.logger.info(
+                'nanguard: the state is checked on every rank before each '
+                'checkpoint (runner.save_checkpoint, which mmengine calls on '
+                'every rank, agrees first; NanGuardHook was added alone)'
+            )
+        runner.logger.warning(
+            f'nanguard: NanGuardHook alone under {type(runner).__name__} '
+            'guards every step and the contents of every checkpoint; it '
+            'does not write checkpoints durably, save one on SIGTERM or '
+            'SIGINT, or resume from the newest complete one. For those, '
+            "list 'mmnanguard::_base_/nanguard.py' in _base_ or train with "
+            "mmnanguard's tools/train.py --guard skip (docs/usage.md)."
+        )
+
     def _warn_about_schedules(self, runner) -> None:
         for name in non_chaining_schedulers(runner):
             runner.logger.warning(

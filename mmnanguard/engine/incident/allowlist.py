@@ -11,8 +11,10 @@ data classes a batch holds (the mmdet/mmrotate/mmseg data samples,
 arrays pickle to; tensors, dicts, lists and tuples are torch's own
 defaults. ``model.pth`` gets no entry beyond those defaults. A file that
 needs anything else is refused with :class:`UntrustedIncidentError`,
-naming the file and the global or the call; nothing from it runs. Every
-error names the file.
+naming the file and the global or the call; nothing from it runs. A file
+whose zip entries declare more bytes than it holds (a decompression
+bomb) is refused before torch's reader allocates them
+(:mod:`mmnanguard.compat.declared_sizes`). Every error names the file.
 """
 
 import importlib
@@ -24,6 +26,7 @@ from typing import Any, Dict, List, Optional
 import torch
 
 from mmnanguard.compat.checkpoint_allowlist import numpy_globals
+from mmnanguard.compat.declared_sizes import DeclaredSizeError
 from mmnanguard.compat.safe_load import (
     UntrustedFileError,
     globals_outside,
@@ -123,6 +126,8 @@ def _load_data_file(
         )
     except UntrustedFileError:
         raise
+    except DeclaredSizeError as err:  # names the file and the entry
+        raise NotAnIncidentError(str(err)) from err
     except (
         RuntimeError,
         EOFError,

@@ -17,7 +17,7 @@ import json
 import os
 import os.path as osp
 import stat
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from .allowlist import load_batch
 from .kinds import IncidentKind
@@ -77,16 +77,28 @@ def refuse_links(folder: str) -> None:
         )
 
 
-def _read_regular(path: str, limit: int) -> bytes:
+def _read_regular(
+    path: str, limit: int, dir_fd: Optional[int] = None
+) -> bytes:
     """The bytes of ``path``, a regular file (not a link) of at most
     ``limit`` bytes.
+
+    Args:
+        path (str): The file.
+        limit (int): The most bytes it may have.
+        dir_fd (int, optional): A descriptor of ``path``'s folder: the
+            file is opened by its base name relative to it (no link on
+            the way is followed). Defaults to None (``path`` as it is).
 
     Raises:
         NotAnIncidentError: It is a link, not a regular file, larger than
             ``limit``, or unreadable; naming the file.
     """
     try:
-        fd = os.open(path, _READ_FLAGS)
+        if dir_fd is None:
+            fd = os.open(path, _READ_FLAGS)
+        else:
+            fd = os.open(osp.basename(path), _READ_FLAGS, dir_fd=dir_fd)
     except OSError as err:
         if err.errno == errno.ELOOP:
             raise UnsafeIncidentFolderError(
@@ -123,11 +135,14 @@ def _read_regular(path: str, limit: int) -> bytes:
     return data
 
 
-def load_report(folder: str) -> Dict[str, Any]:
+def load_report(folder: str, dir_fd: Optional[int] = None) -> Dict[str, Any]:
     """``report.json`` of an incident folder, as a dict.
 
     Args:
         folder (str): The incident folder.
+        dir_fd (int, optional): A descriptor of ``folder`` (opened with
+            ``O_NOFOLLOW``): the report is read relative to it. Defaults
+            to None (read by path).
 
     Returns:
         dict: The report (not checked beyond being a JSON object; see
@@ -139,7 +154,7 @@ def load_report(folder: str) -> Dict[str, Any]:
             the message names it.
     """
     path = osp.join(folder, REPORT_NAME)
-    data = _read_regular(path, MAX_REPORT_BYTES)
+    data = _read_regular(path, MAX_REPORT_BYTES, dir_fd)
     try:
         report = json.loads(data.decode('utf-8'))
     except ValueError as err:  # json.JSONDecodeError, UnicodeDecodeError

@@ -41,8 +41,6 @@ from .safe_write import (
     remove_temp_dir,
     rename_noreplace,
     write_at,
-    write_incident_file,
-    write_report_json,
 )
 
 
@@ -248,10 +246,15 @@ def mark_discarded(root: str, after_iteration: int) -> List[str]:
     iterations after it: their incidents describe a part of the run that
     no longer exists. Each such folder gets a ``DISCARDED`` file and
     ``"discarded_by_resume": true`` (with ``resumed_at_iteration``) in its
-    ``report.json``, both written with :func:`write_incident_file`.
-    Folders that are links, and folders already marked, are left alone; a
-    folder whose ``report.json`` cannot be read or written still gets the
-    ``DISCARDED`` file (the failure is logged).
+    ``report.json``. No link is followed on the way: ``root`` and each
+    folder are opened with ``O_NOFOLLOW`` (:func:`~.safe_write.open_folder`,
+    then relative to its descriptor), ``report.json`` is read relative to
+    the folder's descriptor, and both files are written with
+    :func:`~.safe_write.write_at`. A ``root`` that is a link is refused
+    (logged; nothing is marked); folders that are links, and folders
+    already marked, are left alone; a folder whose ``report.json`` cannot
+    be read or written still gets the ``DISCARDED`` file (the failure is
+    logged).
 
     Args:
         root (str): ``{work_dir}/nanguard``.
@@ -264,42 +267,68 @@ def mark_discarded(root: str, after_iteration: int) -> List[str]:
         list[str]: The folders marked now, sorted.
     """
     try:
-        names = sorted(os.listdir(root))
+        root_fd = open_folder(root)
     except (FileNotFoundError, NotADirectoryError):
         return []
+    except (OSError, ValueError) as err:  # a link: UnsafeIncidentFolderError
+        print_log(
+            f'nanguard: the incident folders of {root} are not marked as '
+            f'discarded by the resume: {err}',
+            logger='current',
+            level=logging.ERROR,
+        )
+        return []
     marked = []
-    for name in names:
-        parsed = parse_folder_name(name)
-        folder = osp.join(root, name)
-        if (
-            parsed is None
-            or parsed[1] < after_iteration
-            or osp.islink(folder)
-            or osp.lexists(osp.join(folder, DISCARDED_NAME))
-        ):
-            continue
+    try:
+        for name in sorted(os.listdir(root_fd)):
+            parsed = parse_folder_name(name)
+            if parsed is None or parsed[1] < after_iteration:
+                continue
+            folder = osp.join(root, name)
+            if _mark_one(root_fd, name, folder, after_iteration, parsed[1]):
+                marked.append(folder)
+    finally:
+        os.close(root_fd)
+    return marked
+
+
+def _mark_one(
+    root_fd: int, name: str, folder: str, after_iteration: int, iteration: int
+) -> bool:
+    """Mark one folder (see :func:`mark_discarded`); whether it was."""
+    try:
+        dir_fd = os.open(name, DIR_FLAGS, dir_fd=root_fd)
+    except OSError:  # a link (ELOOP), not a folder, gone: left alone
+        return False
+    try:
+        try:
+            os.lstat(DISCARDED_NAME, dir_fd=dir_fd)
+            return False  # marked already
+        except FileNotFoundError:
+            pass
         note = (
             f'The run was resumed from a checkpoint of iteration '
-            f'{after_iteration}; this incident (iteration {parsed[1]}) '
+            f'{after_iteration}; this incident (iteration {iteration}) '
             'happened after it, in a part of the run the resume '
             'discarded.\n'
         )
         try:
-            write_incident_file(folder, DISCARDED_NAME, note)
-        except (OSError, ValueError) as err:
+            write_at(dir_fd, DISCARDED_NAME, note)
+            os.fsync(dir_fd)
+        except OSError as err:
             print_log(
                 f'nanguard: could not mark {folder} as discarded by the '
                 f'resume: {type(err).__name__}: {err}',
                 logger='current',
                 level=logging.ERROR,
             )
-            continue
-        marked.append(folder)
+            return False
         try:
-            report = load_report(folder)
+            report = load_report(folder, dir_fd=dir_fd)
             report['discarded_by_resume'] = True
             report['resumed_at_iteration'] = after_iteration
-            write_report_json(report, folder)
+            write_at(dir_fd, REPORT_NAME, json_bytes(report))
+            os.fsync(dir_fd)
         except (OSError, ValueError) as err:
             print_log(
                 f'nanguard: {folder} is marked DISCARDED, but its '
@@ -307,4 +336,6 @@ def mark_discarded(root: str, after_iteration: int) -> List[str]:
                 logger='current',
                 level=logging.WARNING,
             )
-    return marked
+        return True
+    finally:
+        os.close(dir_fd)

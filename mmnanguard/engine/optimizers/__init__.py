@@ -2,6 +2,7 @@
 from ..guard.optim_members import optim_wrapper_members
 from .amp_precision import precision_of, switch_precision
 from .cpu_amp_optim_wrapper import CPUAmpOptimWrapper
+from .guarded_deepspeed_optim_wrapper import GuardedDeepSpeedOptimWrapper
 from .guarded_optim_wrapper import (
     GUARDED_TYPES,
     GuardedAmpOptimWrapper,
@@ -16,6 +17,7 @@ __all__ = [
     'GUARDED_TYPES',
     'GuardedAmpOptimWrapper',
     'GuardedCPUAmpOptimWrapper',
+    'GuardedDeepSpeedOptimWrapper',
     'GuardedOptimWrapper',
     'GuardedOptimWrapperMixin',
     'install_step_guard',

@@ -246,9 +246,27 @@ GUARDED_TYPES = {
     'OptimWrapper': 'GuardedOptimWrapper',
     'AmpOptimWrapper': 'GuardedAmpOptimWrapper',
     'CPUAmpOptimWrapper': 'GuardedCPUAmpOptimWrapper',
+    'DeepSpeedOptimWrapper': 'GuardedDeepSpeedOptimWrapper',
 }
 
 _SWAPPED: Dict[Type, Type] = {}
+
+
+def register_swap(upstream: Type, guarded: Type) -> None:
+    """Make :func:`install_step_guard` swap an ``upstream`` wrapper's class
+    for ``guarded`` (a registered guarded subclass of it with a step of its
+    own) instead of putting the mixin in front of it.
+
+    Args:
+        upstream (type): The upstream wrapper class.
+        guarded (type): Its guarded subclass.
+    """
+    if not issubclass(guarded, upstream):
+        raise TypeError(
+            f'register_swap: {guarded.__name__} is not a subclass of '
+            f'{upstream.__name__}'
+        )
+    _SWAPPED[upstream] = guarded
 
 
 def _guarded_class(cls: Type) -> Type:

@@ -14,6 +14,9 @@ from .preemption import EXIT_PREEMPTED, PreemptionHook, TrainingPreempted
 from .protection import ProtectionSettings
 from .resume_choice import UnusableCheckpointError, choose_resume_checkpoint
 from .rewrite import rewrite_config
+from .upstream_builds import protect_upstream_builds
+
+protect_upstream_builds()
 
 __all__ = [
     'DurableCheckpointHook',

@@ -17,7 +17,9 @@ mmengine's).
 """
 
 import logging
-from typing import Optional
+import os
+import stat
+from typing import Callable, Optional
 
 from mmengine.dist import broadcast_object_list, is_main_process
 from mmengine.hooks import CheckpointHook
@@ -70,11 +72,18 @@ def check_load_from(load_from: str) -> None:
         load_from (str): The checkpoint or weights file to load.
 
     Raises:
-        UnusableCheckpointError: It is empty or a truncated zip archive.
+        UnusableCheckpointError: It is empty, a truncated zip archive, or
+            not a regular file (a FIFO blocks the read, ``/dev/zero``
+            fills the memory).
     """
     if not is_local_path(load_from):
         return
     problem = truncation_problem(load_from)
+    try:
+        if not stat.S_ISREG(os.stat(load_from).st_mode):
+            problem = 'it is not a regular file (a pipe, a device, a folder)'
+    except (OSError, ValueError):
+        pass  # a missing file: mmengine names it
     if problem is not None:
         raise UnusableCheckpointError(
             f'nanguard: cannot load load_from={load_from!r}: {problem}. '
@@ -83,7 +92,11 @@ def check_load_from(load_from: str) -> None:
         )
 
 
-def resume_target(work_dir: str, load_from: Optional[str]) -> Optional[str]:
+def resume_target(
+    work_dir: str,
+    load_from: Optional[str],
+    fit: Optional[Callable[[str], Optional[str]]] = None,
+) -> Optional[str]:
     """The checkpoint a protected resume loads (the same on every rank).
 
     The main process removes the temporary files that a killed durable
@@ -95,13 +108,18 @@ def resume_target(work_dir: str, load_from: Optional[str]) -> Optional[str]:
         work_dir (str): The run's work dir.
         load_from (str, optional): The checkpoint named for resuming;
             None: the newest of ``work_dir``.
+        fit (callable, optional): ``path -> problem``, why a checkpoint
+            that loads does not fit the run (:mod:`.checkpoint_fit`);
+            None: not checked.
 
     Returns:
         str | None: The checkpoint; None: start from scratch.
 
     Raises:
         UnusableCheckpointError: ``load_from`` does not load and no other
-            checkpoint does (raised on every rank).
+            checkpoint does, or checkpoints load but none fits, or
+            ``last_checkpoint`` is hostile (a :class:`CheckpointValueError`
+            on the main process; the same message on every rank).
     """
     chosen = [None, None]  # the path, or the error message
     if is_main_process():
@@ -111,7 +129,7 @@ def resume_target(work_dir: str, load_from: Optional[str]) -> Optional[str]:
                 'interrupted'
             )
         try:
-            choice = choose_resume_checkpoint(work_dir, load_from)
+            choice = choose_resume_checkpoint(work_dir, load_from, fit)
         except UnusableCheckpointError as err:
             chosen = [None, str(err)]
         else:

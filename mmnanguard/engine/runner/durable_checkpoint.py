@@ -23,9 +23,11 @@ Under ``FlexibleRunner`` the strategy writes the checkpoint itself, with
 no backend to select. :func:`save_strategy_checkpoint` makes the write of
 a strategy that writes one file from the main process
 (``SingleDeviceStrategy``, ``DDPStrategy``) durable the same way: the
-strategy writes into the temporary file
-(:func:`~mmnanguard.fileio.durable_file.write_durable_by`), which is
-renamed to the checkpoint's name once complete. ``FSDPStrategy``,
+strategy writes into the temporary file through its descriptor
+(``/proc/self/fd/<fd>``, never by the temporary name, which another
+process could swap for a link:
+:func:`~mmnanguard.fileio.durable_file.write_durable_by`), and the file
+is renamed to the checkpoint's name once complete. ``FSDPStrategy``,
 ``DeepSpeedStrategy`` and ``ColossalAIStrategy`` write folders of shards
 from every rank and are left as they are.
 
@@ -147,7 +149,8 @@ def save_strategy_checkpoint(
     ``filename`` once complete (by the main process, which writes it).
 
     Args:
-        save (callable): Saves the checkpoint under the name given.
+        save (callable): Saves the checkpoint under the name given (an
+            absolute path, which ``FlexibleRunner`` takes as it is).
         strategy (BaseStrategy): The runner's strategy.
         out_dir (str): The checkpoint folder.
         filename (str): The checkpoint's file name.
@@ -167,9 +170,8 @@ def save_strategy_checkpoint(
         save(filename)  # the main process writes; the others pass
         return
     mmengine.mkdir_or_exist(out_dir)
-    write_durable_by(
-        osp.join(out_dir, filename), lambda tmp: save(osp.basename(tmp))
-    )
+    # an absolute name: FlexibleRunner joins it to out_dir as it is
+    write_durable_by(osp.join(out_dir, filename), save)
 
 
 __all__ = [

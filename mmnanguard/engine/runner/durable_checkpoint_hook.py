@@ -27,18 +27,30 @@ nothing removes later. ``NanGuardRunner`` turns the config's
 ``CheckpointHook`` into this class (:meth:`DurableCheckpointHook.adopt`);
 every other setting of the hook is kept. The best-checkpoint save
 (``save_best``) is mmengine's: its files are durable, but the previous
-best is removed before the new best is written. Check the override again
+best is removed before the new best is written.
+
+Every removal the hook makes (the rotation, the resumed ``keep_ckpt_ids``
+in ``before_train``, the previous best of ``save_best``) goes through
+:func:`~.checkpoint_removal.remove_checkpoint_file`, which removes only a
+regular file of a checkpoint's name directly in ``out_dir``: a folder
+checkpoint (DeepSpeed) is kept, with a warning. A loaded checkpoint's
+``meta.config`` is cut to its literal ``gpu_ids`` before mmengine's
+resume evaluates it (:mod:`.config_meta`). Check the overrides again
 when moving past mmengine 0.10.x.
 """
 
 import copy
 import os.path as osp
+from collections import deque
 from typing import List, Optional
 
 from mmengine.dist import is_main_process
 from mmengine.hooks import CheckpointHook
 
 from mmnanguard.fileio.durable_file import write_durable
+
+from .checkpoint_removal import CheckpointRemovalBackend, checkpoint_names
+from .config_meta import strip_config_code
 
 
 class DurableCheckpointHook(CheckpointHook):
@@ -67,6 +79,47 @@ class DurableCheckpointHook(CheckpointHook):
             return False
         hook.__class__ = cls
         return True
+
+    def after_load_checkpoint(self, runner, checkpoint: dict) -> None:
+        """Keep mmengine's resume from running ``meta.config`` as Python
+        (:func:`~.config_meta.strip_config_code`).
+
+        Args:
+            runner (Runner): The runner.
+            checkpoint (dict): The checkpoint just loaded.
+        """
+        strip_config_code(checkpoint)
+
+    def before_train(self, runner) -> None:
+        """mmengine's ``before_train``, then every removal of the hook made
+        through :func:`~.checkpoint_removal.remove_checkpoint_file`: the
+        file backend becomes a
+        :class:`~.checkpoint_removal.CheckpointRemovalBackend`, and the
+        resumed ``keep_ckpt_ids`` beyond ``max_keep_ckpts`` are removed
+        through it here (mmengine would remove them with the plain
+        backend, ``rmtree`` included).
+
+        Args:
+            runner (Runner): The runner.
+        """
+        hub = runner.message_hub
+        resumed = hub.pop_info('keep_ckpt_ids')
+        super().before_train(runner)
+        self.file_backend = CheckpointRemovalBackend(
+            self.file_backend,
+            self.out_dir,
+            checkpoint_names(self.filename_tmpl),
+        )
+        if resumed is None:
+            return
+        ids = list(resumed)
+        if self.max_keep_ckpts > 0:
+            while len(ids) > self.max_keep_ckpts:
+                step = ids.pop(0)
+                if is_main_process():
+                    self._remove_checkpoint(runner, step)
+            self.keep_ckpt_ids = deque(ids, self.max_keep_ckpts)
+        hub.update_info('keep_ckpt_ids', ids)
 
     def _save_checkpoint_with_step(self, runner, step: int, meta: dict):
         """Save, write ``last_checkpoint``, then remove outdated ones.
@@ -188,11 +241,8 @@ class DurableCheckpointHook(CheckpointHook):
             self.out_dir, self.filename_tmpl.format(step)
         )
         try:
-            if self.file_backend.isfile(path):
-                self.file_backend.remove(path)
-            elif self.file_backend.isdir(path):  # deepspeed: a folder
-                self.file_backend.rmtree(path)
-        except OSError as err:
+            self.file_backend.remove(path)  # a CheckpointRemovalBackend
+        except OSError as err:  # a remote backend's failure
             runner.logger.warning(
                 f'nanguard: cannot remove the outdated checkpoint {path!r} '
                 f'({err}); it is kept'

@@ -18,10 +18,15 @@ It adds what :class:`NanGuardRunner` adds (the same functions of
   (labels, ``ValidateAnnotations`` completed from it), then handed on;
   ``build_model`` returns a built model as it is;
 * the optim wrapper config names the guarded counterpart of each type, as
-  in :class:`NanGuardRunner` (``DeepSpeedOptimWrapper`` has none: the
-  hook guards it by a class swap);
+  in :class:`NanGuardRunner` (``DeepSpeedOptimWrapper``:
+  ``GuardedDeepSpeedOptimWrapper``, ZeRO-1/2 in fp32; the DeepSpeed runs
+  it does not protect are refused at start, :mod:`.deepspeed_protection`,
+  and under DeepSpeed every rank also checks its ZeRO partition state
+  before a checkpoint);
 * every rank checks the state before a checkpoint is written
-  (:mod:`.checkpoint_agreement`): the strategies write on rank 0 only.
+  (:mod:`.checkpoint_agreement`): the strategies write on rank 0 only;
+* an ``FSDPStrategy`` writing local (sharded) checkpoints is refused at
+  start when the run would load one (:mod:`.fsdp1_checks`).
 
 A checkpoint that the strategy writes as one file (``SingleDeviceStrategy``,
 ``DDPStrategy``) is written durably, as :class:`NanGuardRunner` writes its
@@ -37,7 +42,9 @@ from mmengine.runner import FlexibleRunner
 from mmnanguard.registry import RUNNERS, register_shared
 
 from .checkpoint_agreement import agree_before_save
+from .deepspeed_protection import check_deepspeed_config
 from .durable_checkpoint import save_strategy_checkpoint
+from .fsdp1_checks import check_fsdp1_checkpoints
 from .protected_runner import (
     ProtectedRunnerMixin,
     guarded_optim_wrapper,
@@ -70,11 +77,15 @@ class NanGuardFlexibleRunner(ProtectedRunnerMixin, FlexibleRunner):
         **kwargs: Any,
     ) -> None:
         init_protection(self, nanguard, kwargs)
+        check_deepspeed_config(kwargs.get('strategy'), self.protection)
         if 'optim_wrapper' in kwargs:
             kwargs['optim_wrapper'] = guarded_optim_wrapper(
                 self, kwargs['optim_wrapper']
             )
         super().__init__(*args, **kwargs)
+        # again on the built strategy: a config given as a JSON file
+        check_deepspeed_config(self.strategy, self.protection)
+        check_fsdp1_checkpoints(self)
 
     def train(self) -> nn.Module:
         """Build and protect the model, then ``FlexibleRunner.train`` (with

@@ -14,6 +14,7 @@ import copy
 import logging
 from typing import Any, Callable, Dict, List, Optional
 
+from mmengine.dist import master_only
 from mmengine.logging import print_log
 from mmengine.model import is_model_wrapper
 from mmengine.optim import AmpOptimWrapper, OptimWrapperDict
@@ -21,15 +22,21 @@ from mmengine.optim import AmpOptimWrapper, OptimWrapperDict
 from mmnanguard.optional import require_packages
 from mmnanguard.registry import HOOKS
 
+from ..guard import GuardStateError
 from ..hooks import NanGuardHook
+from .checkpoint_fit import fit_check
+from .config_dump import dump_config_durably
 from .crash_safety import (
     check_load_from,
     install_crash_safety,
     resume_target,
 )
+from .durable_checkpoint_hook import find_checkpoint_hook
 from .guarded_optim_config import guarded_optim_wrapper_cfg
 from .model_facts import read_model_facts
 from .protection import ProtectionSettings
+from .resume_errors import CheckpointValueError
+from .resumed_values import check_resumed_values
 from .rewrite import (
     Note,
     insert_into_dataloader,
@@ -196,12 +203,22 @@ def add_protection_hooks(runner: Any) -> None:
 
 def protected_load_or_resume(runner: Any, base: Callable[[], Any]) -> None:
     """``load_or_resume`` of a protected run: a resume takes the newest
-    checkpoint that loads (the same on every rank); a cut-short
+    checkpoint that loads and fits the model and optimizer
+    (:mod:`.checkpoint_fit`; the same on every rank), refuses a guard
+    state of the wrong form, and checks the values mmengine acts on
+    (:mod:`.resumed_values`) before any hook reads them; a cut-short
     ``load_from`` is refused.
 
     Args:
         runner: The runner.
         base (callable): The base class's ``load_or_resume``, bound.
+
+    Raises:
+        UnusableCheckpointError: No checkpoint to resume from loads and
+            fits, or a ``load_from`` file is cut short.
+        CheckpointValueError: ``last_checkpoint``, the resumed ``meta``
+            or the guard's state is not of the form mmengine and
+            mmnanguard write.
     """
     if runner._has_loaded or not runner.protection.enabled:
         return base()
@@ -209,9 +226,17 @@ def protected_load_or_resume(runner: Any, base: Callable[[], Any]) -> None:
         if runner._load_from is not None:
             check_load_from(runner._load_from)
         return base()
-    path = resume_target(runner.work_dir, runner._load_from)
+    path = resume_target(runner.work_dir, runner._load_from, fit_check(runner))
     if path is not None:
-        runner.resume(path)
+        try:
+            runner.resume(path)
+        except GuardStateError as err:
+            raise CheckpointValueError(
+                f'nanguard: cannot resume from {path!r}: {err}, as the guard '
+                'writes it. The file was not written by mmnanguard as it '
+                'is; resume from another checkpoint with --resume CKPT.'
+            ) from err
+        check_resumed_values(runner, path, find_checkpoint_hook(runner))
         runner._has_loaded = True
     return None
 
@@ -257,6 +282,14 @@ class ProtectedRunnerMixin:
         >>> class NanGuardRunner(ProtectedRunnerMixin, Runner):
         ...     pass
     """
+
+    @property
+    def agrees_before_save(self) -> bool:
+        """Whether this runner's ``save_checkpoint`` has every rank check
+        the state before its master-only part (a protected run); the
+        ``NanGuardHook`` arranges it itself under other runners
+        (:mod:`~mmnanguard.engine.guard.save_agreement`)."""
+        return self.protection.enabled
 
     def register_hooks(
         self,
@@ -311,3 +344,13 @@ class ProtectedRunnerMixin:
             nn.Module: The model after training.
         """
         return train_with_signals(self, super().train)
+
+    @master_only
+    def dump_config(self) -> None:
+        """Dump the config to the work dir as the base class does; in a
+        protected run durably and never through a link planted under its
+        name (:func:`~.config_dump.dump_config_durably`)."""
+        if not self.protection.enabled:
+            return super().dump_config()
+        dump_config_durably(self)
+        return None

@@ -20,28 +20,37 @@ checkpoints are there. :func:`choose_resume_checkpoint` instead takes
   that loads in its folder and in the work dir; with none,
   :class:`UnusableCheckpointError` (the file was asked for by name).
 
+"Loads" includes "fits": given a ``fit`` check (the protected runners
+give :func:`~.checkpoint_fit.fit_check`), a file that loads but is not
+the state of this model and optimizer is passed over like a truncated
+one; when files load but none fits, :class:`UnusableCheckpointError`
+(starting from scratch would overwrite them). ``last_checkpoint`` is
+read by :func:`~.last_checkpoint_file.read_checked_last_checkpoint`: a
+hostile one stops the resume with :class:`CheckpointValueError`.
+
 Every choice other than the plain one is logged as a WARNING naming the
 file passed over and why. Cost: the cheap check of every candidate
 (milliseconds each, see :mod:`.checkpoint_verify`) and one secure load
-of the checkpoint picked, before mmengine loads it again to resume (for
-the tiny config's 96 MB checkpoint: 0.4 s, once per run).
+of the checkpoint picked (two with a ``fit`` check), before mmengine
+loads it again to resume (for the tiny config's 96 MB checkpoint: 0.4 s
+a load, once per run).
 """
 
 import os.path as osp
 from dataclasses import dataclass, field
-from typing import List, Optional, Tuple
+from typing import Callable, List, Optional, Tuple
 
 from mmnanguard.fileio.checkpoint_verify import (
     candidate_checkpoints,
     checkpoint_problem,
-    read_last_checkpoint,
 )
 
+from .checkpoint_fit import NOT_FITTING
+from .last_checkpoint_file import read_checked_last_checkpoint
+from .resume_errors import CheckpointValueError, UnusableCheckpointError
 
-class UnusableCheckpointError(RuntimeError):
-    """The checkpoint named for resuming does not load and neither does
-    any other next to it or in the work dir, or a ``load_from`` file is
-    cut short. ``tools/train.py`` exits 2 on it (nothing was trained)."""
+#: ``path -> problem``: why a checkpoint that loads does not fit the run.
+FitCheck = Callable[[str], Optional[str]]
 
 
 @dataclass
@@ -94,19 +103,43 @@ def _same_file(a: Optional[str], b: Optional[str]) -> bool:
     return bool(a and b) and osp.realpath(a) == osp.realpath(b)
 
 
+def _usable_problem(path: str, fit: Optional[FitCheck]) -> Optional[str]:
+    problem = checkpoint_problem(path, load=True)
+    if problem is None and fit is not None:
+        problem = fit(path)
+    return problem
+
+
 def _first_loadable(
-    candidates: List[str], passed_over: List[Tuple[str, str]]
+    candidates: List[str],
+    passed_over: List[Tuple[str, str]],
+    fit: Optional[FitCheck] = None,
 ) -> Optional[str]:
     for path in candidates:
-        problem = checkpoint_problem(path, load=True)
+        problem = _usable_problem(path, fit)
         if problem is None:
             return path
         passed_over.append((path, problem))
     return None
 
 
+def _none_fits(work_dir: str, passed_over: List[Tuple[str, str]]) -> None:
+    unfit = [(p, why) for p, why in passed_over if why.startswith(NOT_FITTING)]
+    if unfit:
+        path, why = unfit[0]
+        raise UnusableCheckpointError(
+            f'nanguard: no checkpoint in {work_dir!r} fits this run: '
+            f'{path!r}: {why}. Expected a checkpoint of this config; '
+            'resume with the config that wrote it, or start again in '
+            'another work dir (training from scratch here would overwrite '
+            'its checkpoints).'
+        )
+
+
 def choose_resume_checkpoint(
-    work_dir: str, load_from: Optional[str] = None
+    work_dir: str,
+    load_from: Optional[str] = None,
+    fit: Optional[FitCheck] = None,
 ) -> ResumeChoice:
     """Pick the checkpoint to resume from (see the module docstring).
 
@@ -115,6 +148,10 @@ def choose_resume_checkpoint(
         load_from (str, optional): The checkpoint asked for by name
             (``Runner(load_from=..., resume=True)``); None: the work dir's
             latest.
+        fit (callable, optional): ``path -> problem``, why a checkpoint
+            that loads does not fit the run (:func:`~.checkpoint_fit.
+            fit_check`); such a file is passed over like a truncated one.
+            None: not checked.
 
     Returns:
         ResumeChoice: The file (None: start from scratch) and what was
@@ -122,14 +159,19 @@ def choose_resume_checkpoint(
 
     Raises:
         UnusableCheckpointError: ``load_from`` does not load and no other
-            checkpoint next to it or in the work dir does.
+            checkpoint next to it or in the work dir does; or checkpoints
+            load but none fits.
+        CheckpointValueError: ``<work_dir>/last_checkpoint`` is not a
+            regular file of UTF-8 text without NUL bytes
+            (:mod:`.last_checkpoint_file`).
     """
     passed_over: List[Tuple[str, str]] = []
     if load_from is not None:
-        problem = checkpoint_problem(load_from, load=True)
+        problem = _usable_problem(load_from, fit)
         if problem is None:
             return ResumeChoice(load_from, load_from, explicit=True)
         passed_over.append((load_from, problem))
+        read_checked_last_checkpoint(work_dir)
         folders = [osp.dirname(load_from) or '.', work_dir]
         candidates = []
         for folder in folders:
@@ -138,7 +180,7 @@ def choose_resume_checkpoint(
                 for p in candidate_checkpoints(folder)
                 if not _same_file(p, load_from) and p not in candidates
             ]
-        path = _first_loadable(candidates, passed_over)
+        path = _first_loadable(candidates, passed_over, fit)
         if path is None:
             raise UnusableCheckpointError(
                 f'nanguard: cannot resume from {load_from!r}: {problem}; '
@@ -148,11 +190,13 @@ def choose_resume_checkpoint(
                 'run again without --resume.'
             )
         return ResumeChoice(path, load_from, passed_over, explicit=True)
-    exists, named = read_last_checkpoint(work_dir)
+    exists, named = read_checked_last_checkpoint(work_dir)
     asked = named if exists else None
     candidates = candidate_checkpoints(work_dir)
     # a newer complete checkpoint than the named one comes first
-    path = _first_loadable(candidates, passed_over)
+    path = _first_loadable(candidates, passed_over, fit)
+    if path is None:
+        _none_fits(work_dir, passed_over)
     if _same_file(path, asked):
         return ResumeChoice(asked, asked, passed_over)
     if asked and not any(_same_file(p, asked) for p, _ in passed_over):
@@ -164,6 +208,7 @@ def choose_resume_checkpoint(
 
 
 __all__ = [
+    'CheckpointValueError',
     'ResumeChoice',
     'UnusableCheckpointError',
     'choose_resume_checkpoint',

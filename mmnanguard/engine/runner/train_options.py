@@ -157,7 +157,7 @@ def apply_guard_option(cfg: Config, guard: Optional[str]) -> str:
             return selected
         if uses_nanguard_runner(cfg):
             return 'protection as configured by the config'
-        if _has_guard_hook(cfg):
+        if has_guard_hook(cfg):
             return 'protection by the NanGuardHook in custom_hooks'
         if cfg.get('nanguard') is not None:  # settings no runner would use
             raise _no_counterpart(cfg, 'the nanguard settings')
@@ -174,7 +174,7 @@ def apply_guard_option(cfg: Config, guard: Optional[str]) -> str:
     return f'--guard {guard}'
 
 
-def _has_guard_hook(cfg: Config) -> bool:
+def has_guard_hook(cfg: Config) -> bool:
     """Whether ``custom_hooks`` adds a ``NanGuardHook`` by hand."""
     for hook in cfg.get('custom_hooks') or []:
         kind = hook.get('type') if hasattr(hook, 'get') else None

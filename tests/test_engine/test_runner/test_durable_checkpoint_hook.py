@@ -131,10 +131,10 @@ def test_full_disk_during_a_save_loses_nothing(tmp_path, monkeypatch):
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         real_write_all(fd, data)
 
+    runner = toy_runner(work_dir, max_iters=4, keep=1)  # dumps the config
     monkeypatch.setattr(
         durable_file, 'write_all', full_disk_on_third_checkpoint
     )
-    runner = toy_runner(work_dir, max_iters=4, keep=1)
     with pytest.raises(DurableWriteError) as info:
         runner.train()
     assert info.value.errno == errno.ENOSPC

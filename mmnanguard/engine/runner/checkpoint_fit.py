@@ -1,0 +1,213 @@
+# Copyright (c) mmnanguard contributors. All rights reserved.
+"""Whether a checkpoint that loads also fits the run that resumes from it.
+
+A checkpoint can pass the secure load and still not be the state of this
+model and optimizer (another config wrote it, or a crafted file). mmengine
+0.10.7's resume then either crashes half-way (``optimizer.load_state_dict``
+raises ``ValueError`` on a different number or size of param groups, a
+``KeyError`` on a state without ``param_groups``) after the weights and
+the message hub were already taken, or goes on with a warning (a tensor of
+another shape is not loaded, ``strict=False``) and trains from the
+initial weights of that tensor. :func:`fit_problem` says why a checkpoint
+does not fit; the protected resume (:mod:`.resume_choice`) passes over
+such a file like a truncated one and takes the next older one that fits.
+
+What is compared, with the built model and optim wrapper:
+
+* every entry of the model's ``state_dict`` is in the checkpoint's
+  (after mmengine's ``^module.`` revision), a tensor of the same shape;
+* per optimizer, the checkpoint's ``state`` and ``param_groups`` are
+  there, the number of groups and of parameters in each group are the
+  optimizer's, and the element-wise buffers (``momentum_buffer``,
+  ``exp_avg``, ...) have their parameter's shape.
+
+Cost: one more secure load of the file (0.3 s for the tiny RetinaNet's
+96 MB checkpoint, measured on a loaded 2-core machine) and a walk over the
+state dicts (16 ms for it); only the checkpoint a resume picks and the
+ones passed over are checked.
+"""
+
+import re
+from typing import Any, Callable, Optional
+
+import torch
+from mmengine.model import is_model_wrapper
+from mmengine.optim import OptimWrapperDict
+
+from mmnanguard.compat.checkpoint_allowlist import load_from_local
+from mmnanguard.engine.guard.fsdp1_state import loads_through_strategy
+from mmnanguard.fileio.checkpoint_verify import LOAD_ERRORS
+
+#: Optimizer state entries that have their parameter's shape.
+ELEMENTWISE_STATE = (
+    'momentum_buffer',
+    'exp_avg',
+    'exp_avg_sq',
+    'max_exp_avg_sq',
+    'square_avg',
+    'acc_delta',
+    'sum',
+)
+#: How a problem found by :func:`fit_check` starts.
+NOT_FITTING = 'it does not fit the model or optimizer'
+#: mmengine's default ``revise_keys`` of ``Runner.load_checkpoint``.
+MODULE_PREFIX = re.compile(r'^module\.')
+
+
+def _shape(value: Any) -> str:
+    return str(tuple(value.shape)) if hasattr(value, 'shape') else '-'
+
+
+def model_problem(saved: Any, model: torch.nn.Module) -> Optional[str]:
+    """Why ``saved`` (a checkpoint's ``state_dict``) does not fit
+    ``model``; None when it does."""
+    if not isinstance(saved, dict):
+        return f"its 'state_dict' is a {type(saved).__name__}, not a dict"
+    inner = model.module if is_model_wrapper(model) else model
+    own = inner.state_dict()
+    revised = {MODULE_PREFIX.sub('', str(k)): v for k, v in saved.items()}
+    missing = [key for key in own if key not in revised]
+    if missing:
+        return (
+            f"its 'state_dict' lacks {len(missing)} of the model's "
+            f'{len(own)} entries (first: {missing[:3]})'
+        )
+    for key, tensor in own.items():
+        value = revised[key]
+        if not isinstance(value, torch.Tensor):
+            return (
+                f'its state_dict[{key!r}] is a {type(value).__name__}, '
+                'not a tensor'
+            )
+        if value.shape != tensor.shape:
+            return (
+                f'its state_dict[{key!r}] has shape {_shape(value)}, the '
+                f"model's {_shape(tensor)}"
+            )
+    return None
+
+
+def optimizer_problem(
+    saved: Any, optimizer: torch.optim.Optimizer, where: str
+) -> Optional[str]:
+    """Why ``saved`` (an optimizer state dict) does not fit ``optimizer``;
+    None when it does.
+
+    Args:
+        saved: The checkpoint's state of this optimizer.
+        optimizer (Optimizer): The built optimizer.
+        where (str): The state's key in the checkpoint, for the message.
+    """
+    if not isinstance(saved, dict):
+        return f'its {where} is a {type(saved).__name__}, not a dict'
+    groups, state = saved.get('param_groups'), saved.get('state')
+    if not isinstance(groups, list) or not isinstance(state, dict):
+        return f"its {where} has no 'param_groups' list and 'state' dict"
+    own = optimizer.param_groups
+    if len(groups) != len(own):
+        return (
+            f'its {where} has {len(groups)} param groups, the optimizer '
+            f'{len(own)}'
+        )
+    for i, (group, own_group) in enumerate(zip(groups, own)):
+        ids = group.get('params') if isinstance(group, dict) else None
+        if not isinstance(ids, list) or len(ids) != len(own_group['params']):
+            count = len(ids) if isinstance(ids, list) else ids
+            return (
+                f'its {where} param group {i} holds {count} parameters, '
+                f"the optimizer's {len(own_group['params'])}"
+            )
+        for param_id, param in zip(ids, own_group['params']):
+            entry = state.get(param_id)
+            if not isinstance(entry, dict):
+                continue
+            for name in ELEMENTWISE_STATE:
+                value = entry.get(name)
+                if (
+                    isinstance(value, torch.Tensor)
+                    and value.shape != param.shape
+                ):
+                    return (
+                        f'its {where} {name} of parameter {param_id} has '
+                        f'shape {_shape(value)}, the parameter '
+                        f'{_shape(param)}'
+                    )
+    return None
+
+
+def fit_problem(
+    checkpoint: Any, model: torch.nn.Module, optim_wrapper: Any
+) -> Optional[str]:
+    """Why ``checkpoint`` does not fit the built ``model`` and
+    ``optim_wrapper``; None when it does (see the module docstring).
+
+    Args:
+        checkpoint (dict): A loaded mmengine checkpoint (anything else
+            does not fit).
+        model (nn.Module): The runner's model (wrapped or not).
+        optim_wrapper: The runner's built ``OptimWrapper`` or
+            ``OptimWrapperDict``; anything else (not built) is not
+            compared.
+
+    Returns:
+        str | None: A phrase to follow the file name, or None.
+    """
+    if not isinstance(checkpoint, dict):
+        return f'it holds a {type(checkpoint).__name__}, not a dict'
+    problem = model_problem(checkpoint.get('state_dict'), model)
+    if problem is not None or 'optimizer' not in checkpoint:
+        return problem
+    saved = checkpoint['optimizer']
+    if isinstance(optim_wrapper, OptimWrapperDict):
+        if not isinstance(saved, dict):
+            return f"its 'optimizer' is a {type(saved).__name__}, not a dict"
+        for name, wrapper in optim_wrapper.items():
+            problem = optimizer_problem(
+                saved.get(name), wrapper.optimizer, f'optimizer[{name!r}]'
+            )
+            if problem is not None:
+                return problem
+        return None
+    optimizer = getattr(optim_wrapper, 'optimizer', None)
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        return None
+    return optimizer_problem(saved, optimizer, "'optimizer'")
+
+
+def fit_check(runner: Any) -> Callable[[str], Optional[str]]:
+    """``path -> problem``: :func:`fit_problem` of the file against the
+    runner's model and optim wrapper, after one secure load.
+
+    Args:
+        runner: The runner about to resume (model and optim wrapper
+            built).
+
+    Returns:
+        callable: Returns a phrase such as ``"it does not fit the model
+        or optimizer: ..."``, or None when the file fits.
+    """
+
+    def check(path: str) -> Optional[str]:
+        try:
+            checkpoint = load_from_local(path, map_location='cpu')
+        except LOAD_ERRORS as err:  # it loaded a moment ago
+            return f'it does not load: {type(err).__name__}: {err}'
+        if loads_through_strategy(runner):
+            # FSDP1: this rank's modules hold flat shards, not the full
+            # shapes of the file; FSDP's state-dict API checks them on load
+            return None
+        problem = fit_problem(checkpoint, runner.model, runner.optim_wrapper)
+        if problem is None:
+            return None
+        return f'{NOT_FITTING}: {problem}'
+
+    return check
+
+
+__all__ = [
+    'NOT_FITTING',
+    'fit_check',
+    'fit_problem',
+    'model_problem',
+    'optimizer_problem',
+]

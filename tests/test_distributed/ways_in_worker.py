@@ -1,0 +1,112 @@
+# Copyright (c) mmnanguard contributors. All rights reserved.
+"""One rank of a ways-in run (started by torchrun): build a toy run the way
+one documented way in builds it, train, and save this rank's final weights
+to ``WORK_DIR/weights_rank{RANK}.pth``.
+
+Usage: ``ways_in_worker.py WAY MODE WORK_DIR MAX_ITERS [resume]``
+
+* ``WAY``: ``include`` (``runner_type='mmnanguard.NanGuardRunner'`` and
+  the include's settings, built by ``RUNNERS.build`` as the upstream
+  scripts do), ``twin`` (the settings-only include, no runner line of its
+  own: ``Runner.from_cfg`` as the upstream scripts call it), ``hook``
+  (``NanGuardHook`` alone in ``custom_hooks`` of a plain runner),
+  ``guard`` (``tools/train.py --guard skip``'s config edit).
+* ``MODE``: ``runner`` (mmengine's ``Runner``; DDP when torchrun starts
+  more than one process) or ``flexible`` (``FlexibleRunner`` with
+  ``DDPStrategy``).
+
+A NaN gradient is planted at iteration 3 on the last rank; checkpoints are
+written every 2 iterations (``CheckpointHook`` on rank 0 only, as
+mmengine does).
+"""
+
+import os
+import sys
+
+import torch
+
+
+def build_cfg(way: str, mode: str, work_dir: str, max_iters: int, resume):
+    from mmengine.config import Config
+    from mmengine.registry import DATASETS, MODELS
+
+    from mmnanguard.engine.runner.train_options import (
+        RUNNER_TYPE,
+        apply_guard_option,
+        default_protection,
+    )
+    from mmnanguard.testing.toy import ToyDataset, ToyModel, toy_runner_cfg
+
+    # registered, so that the config holds only plain values (mmengine
+    # prints it)
+    MODELS.register_module('WaysInToyModel', module=ToyModel, force=True)
+    DATASETS.register_module('WaysInToyDataset', module=ToyDataset, force=True)
+
+    world = int(os.environ.get('WORLD_SIZE', '1'))
+    fault = dict(
+        type='FaultInjectionHook',
+        fault='nan_grad',
+        iteration=3,
+        rank=world - 1,
+    )
+    hooks = [fault]
+    if way == 'hook':
+        hooks.append(dict(type='NanGuardHook', policy='skip'))
+    cfg = toy_runner_cfg(
+        work_dir,
+        max_iters=max_iters,
+        custom_hooks=hooks,
+        model=dict(type='WaysInToyModel'),
+        env_cfg=dict(dist_cfg=dict(backend='gloo')),
+        launcher='pytorch' if world > 1 else 'none',
+        resume=resume,
+    )
+    cfg['train_dataloader']['dataset'] = dict(type='WaysInToyDataset')
+    if mode == 'flexible':
+        cfg['runner_type'] = 'FlexibleRunner'
+        cfg['strategy'] = dict(type='DDPStrategy')
+    if way == 'include':
+        cfg['runner_type'] = RUNNER_TYPE
+        cfg['nanguard'] = default_protection()
+        if mode == 'flexible':
+            cfg['runner_type'] = 'mmnanguard.NanGuardFlexibleRunner'
+    elif way == 'twin':
+        cfg['nanguard'] = default_protection()
+    cfg = Config(cfg)
+    if way == 'guard':
+        apply_guard_option(cfg, 'skip')
+    return cfg
+
+
+def main(way: str, mode: str, work_dir: str, max_iters: str, *rest) -> int:
+    import torch.distributed as torch_dist
+    from mmengine.registry import RUNNERS
+    from mmengine.runner import Runner
+
+    import mmnanguard  # noqa: F401
+    from mmnanguard.compat.cpu_distributed import prepare_cpu_distributed
+    from mmnanguard.engine.guard.snapshot import unwrap_model
+
+    cfg = build_cfg(way, mode, work_dir, int(max_iters), 'resume' in rest)
+    prepare_cpu_distributed(cfg, cfg.launcher)
+    # as mmdet's tools/train.py builds it
+    if 'runner_type' in cfg:
+        runner = RUNNERS.build(cfg)
+    else:
+        runner = Runner.from_cfg(cfg)
+    runner.train()
+    rank = torch_dist.get_rank() if torch_dist.is_initialized() else 0
+    state = {
+        k: v.detach().clone()
+        for k, v in unwrap_model(runner.model).state_dict().items()
+    }
+    torch.save(state, f'{work_dir}/weights_rank{rank}.pth')
+    with open(f'{work_dir}/runner_rank{rank}.txt', 'w') as f:
+        f.write(type(runner).__name__)
+    if torch_dist.is_initialized():
+        torch_dist.destroy_process_group()
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main(*sys.argv[1:]))

@@ -1,0 +1,128 @@
+# Copyright (c) mmnanguard contributors. All rights reserved.
+"""The one function through which a protected run removes checkpoints:
+only a regular file of a checkpoint's name directly in the checkpoint
+folder; never a link's target, never a folder, never a file elsewhere."""
+
+import os
+import os.path as osp
+
+import pytest
+
+from mmnanguard.engine.runner.checkpoint_removal import (
+    MISSING,
+    CheckpointRemovalBackend,
+    checkpoint_names,
+    remove_checkpoint_file,
+)
+
+NAMES = checkpoint_names('iter_{}.pth')
+
+
+@pytest.fixture
+def folders(tmp_path):
+    work = tmp_path / 'work'
+    outside = tmp_path / 'outside'
+    work.mkdir()
+    outside.mkdir()
+    return str(work), str(outside)
+
+
+def _file(path, text='data'):
+    with open(path, 'w') as f:
+        f.write(text)
+    return path
+
+
+@pytest.mark.parametrize(
+    'name, matches',
+    [
+        ('iter_3.pth', True),
+        ('epoch_12.pth', True),
+        ('best_coco_bbox_mAP_iter_3.pth', True),
+        ('iter_.pth', False),
+        ('iter_3.pth.bak', False),
+        ('victim.txt', False),
+        ('iter_/../../../victim.pth', False),
+        ('best_a/b_iter_3.pth', False),
+    ],
+)
+def test_checkpoint_names(name, matches):
+    assert bool(NAMES.fullmatch(name)) is matches
+
+
+def test_custom_template_names():
+    names = checkpoint_names('ckpt-{:06d}.pt')
+    assert names.fullmatch('ckpt-000012.pt')
+    assert not names.fullmatch('ckpt-x.pt')
+
+
+def test_a_regular_checkpoint_file_is_removed(folders):
+    work, _ = folders
+    path = _file(osp.join(work, 'iter_2.pth'))
+    assert remove_checkpoint_file(work, path, NAMES) is None
+    assert not osp.exists(path)
+    assert remove_checkpoint_file(work, path, NAMES) == MISSING
+
+
+def test_a_link_is_removed_not_its_target(folders):
+    work, outside = folders
+    victim = _file(osp.join(outside, 'iter_9.pth'))
+    link = osp.join(work, 'iter_9.pth')
+    os.symlink(victim, link)
+    problem = remove_checkpoint_file(work, link, NAMES)
+    assert problem == 'it is not a regular file (a link or a folder)'
+    assert osp.isfile(victim) and osp.islink(link)
+
+
+def test_a_folder_is_never_removed(folders):
+    work, _ = folders
+    folder = osp.join(work, 'iter_4.pth')
+    os.makedirs(folder)
+    _file(osp.join(folder, 'inside'))
+    problem = remove_checkpoint_file(work, folder, NAMES)
+    assert problem == 'it is not a regular file (a link or a folder)'
+    assert osp.isfile(osp.join(folder, 'inside'))
+
+
+@pytest.mark.parametrize(
+    'relative', ['../outside/iter_5.pth', 'sub/../../outside/iter_5.pth']
+)
+def test_a_file_outside_the_folder_is_kept(folders, relative):
+    work, outside = folders
+    os.makedirs(osp.join(work, 'sub'))
+    victim = _file(osp.join(outside, 'iter_5.pth'))
+    problem = remove_checkpoint_file(work, osp.join(work, relative), NAMES)
+    assert problem == f'it is not directly in the checkpoint folder {work!r}'
+    assert osp.isfile(victim)
+
+
+def test_a_file_of_another_name_is_kept(folders):
+    work, _ = folders
+    path = _file(osp.join(work, 'notes.txt'))
+    problem = remove_checkpoint_file(work, path, NAMES)
+    assert problem.startswith('its name is not one a CheckpointHook writes')
+    assert osp.isfile(path)
+
+
+def test_the_backend_refuses_rmtree_and_removes_through_the_check(folders):
+    work, outside = folders
+
+    class Backend:
+        removed = []
+
+        def remove(self, path):  # never reached for a local folder
+            self.removed.append(path)
+
+        def join_path(self, *parts):
+            return osp.join(*parts)
+
+    backend = CheckpointRemovalBackend(Backend(), work, NAMES)
+    assert backend.join_path(work, 'x') == osp.join(work, 'x')
+    backend.rmtree(outside)
+    victim = _file(osp.join(outside, 'victim.txt'))
+    backend.remove(victim)
+    assert osp.isdir(outside) and osp.isfile(victim)
+    assert Backend.removed == []
+    path = _file(osp.join(work, 'iter_1.pth'))
+    backend.remove(path)
+    assert not osp.exists(path)
