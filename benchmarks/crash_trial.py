@@ -182,7 +182,9 @@ def _install_break_points() -> None:
     original_put = local_backend.LocalBackend.put
 
     def put(self, obj, filepath):
-        if _breaks_here(osp.basename(str(filepath))):
+        # a strategy's write through write_durable_by names the temporary
+        # file by its descriptor (/proc/self/fd/N): the name it leads to
+        if _breaks_here(osp.basename(osp.realpath(str(filepath)))):
             with open(filepath, 'wb') as f:
 
                 def write_half(part):

@@ -52,6 +52,9 @@ def _worker(out: str, data_root: str, sharding: str, guard: str, clip: str):
 
     import mmnanguard  # noqa: F401
     from mmnanguard.compat.cpu_distributed import prepare_cpu_distributed
+    from mmnanguard.engine.runner.process_group_close import (
+        close_process_group,
+    )
     from mmnanguard.engine.runner.train_options import apply_guard_option
     from mmnanguard.testing import load_tiny_config
     from mmnanguard.testing.host_syncs import count_host_syncs
@@ -106,7 +109,7 @@ def _worker(out: str, data_root: str, sharding: str, guard: str, clip: str):
     rank = torch_dist.get_rank()
     with open(f'{out}.rank{rank}', 'w') as f:
         json.dump(result, f)
-    torch_dist.destroy_process_group()
+    close_process_group(completed=True)
     return 0
 
 

@@ -209,16 +209,21 @@ def build_config(args: argparse.Namespace):
 def main(argv: Optional[List[str]] = None) -> int:
     """Train; return the exit status (see the module docstring).
 
-    A process group this run started is destroyed before returning (a
-    gloo group left to the interpreter's exit can abort it).
+    A process group this run started is destroyed before returning, after
+    every rank arrived when this rank's run ended with exit 0 or 4 (a gloo
+    group destroyed while a peer still writes, or left to the
+    interpreter's exit, can abort the process).
     """
-    try:
-        return _train(parse_args(argv))
-    finally:
-        import torch.distributed as torch_dist
+    from mmnanguard.engine.runner.process_group_close import (
+        close_process_group,
+    )
 
-        if torch_dist.is_available() and torch_dist.is_initialized():
-            torch_dist.destroy_process_group()
+    status = 1
+    try:
+        status = _train(parse_args(argv))
+        return status
+    finally:
+        close_process_group(completed=status in (0, EXIT_PREEMPTED))
 
 
 def _train(args: argparse.Namespace) -> int:

@@ -58,6 +58,9 @@ def main(config: str, work_dir: str, *flags: str) -> int:
 
     import mmnanguard  # noqa: F401
     from mmnanguard.compat.cpu_distributed import prepare_cpu_distributed
+    from mmnanguard.engine.runner.process_group_close import (
+        close_process_group,
+    )
     from mmnanguard.engine.runner.train_options import select_protected_runner
     from mmnanguard.testing.toy import register_toy
 
@@ -98,13 +101,15 @@ def main(config: str, work_dir: str, *flags: str) -> int:
     if 'fsdp2' in flags:
         skip_reinit(runner)
     runner.register_hook(SaveFullWeights())
+    completed = False
     try:
         runner.train()
         state = full_state(runner.model)
         rank = torch_dist.get_rank()
         torch.save(state, f'{work_dir}/weights_rank{rank}.pth')
+        completed = True
     finally:
-        torch_dist.destroy_process_group()
+        close_process_group(completed)
     return 0
 
 

@@ -3,7 +3,7 @@
 one documented way in builds it, train, and save this rank's final weights
 to ``WORK_DIR/weights_rank{RANK}.pth``.
 
-Usage: ``ways_in_worker.py WAY MODE WORK_DIR MAX_ITERS [resume]``
+Usage: ``ways_in_worker.py WAY MODE WORK_DIR MAX_ITERS [resume] [slow]``
 
 * ``WAY``: ``include`` (``runner_type='mmnanguard.NanGuardRunner'`` and
   the include's settings, built by ``RUNNERS.build`` as the upstream
@@ -18,17 +18,59 @@ Usage: ``ways_in_worker.py WAY MODE WORK_DIR MAX_ITERS [resume]``
 A NaN gradient is planted at iteration 3 on the last rank; checkpoints are
 written every 2 iterations (``CheckpointHook`` on rank 0 only, as
 mmengine does).
+
+``slow`` (the preemption tests): each iteration ends with a 0.5 s sleep
+after writing ``WORK_DIR/reached_rank{RANK}_iter{N}`` (its content: the
+process id), so that a signal sent on seeing it lands mid-run; the
+periodic checkpoints are off (the preemption save is the only one). A
+``TrainingPreempted`` ends the rank with ``EXIT_PREEMPTED`` (4) as
+``tools/train.py`` does, after writing ``WORK_DIR/preempted_rank{RANK}.json``
+(the iteration and the checkpoint it names) and a barrier.
 """
 
+import json
 import os
 import sys
+import time
 
 import torch
+from mmengine.hooks import Hook
 
 
-def build_cfg(way: str, mode: str, work_dir: str, max_iters: int, resume):
+class SlowIterationHook(Hook):
+    """Mark the end of each iteration with a file, then sleep.
+
+    Args:
+        seconds (float): The sleep after each iteration.
+    """
+
+    priority = 'VERY_HIGH'  # before PreemptionHook ('LOWEST') acts
+
+    def __init__(self, seconds: float = 0.5) -> None:
+        self.seconds = seconds
+
+    def after_train_iter(
+        self, runner, batch_idx, data_batch=None, outputs=None
+    ) -> None:
+        """Write ``reached_rank{RANK}_iter{N}`` and sleep."""
+        from mmengine.dist import get_rank
+
+        name = f'reached_rank{get_rank()}_iter{runner.iter + 1}'
+        with open(os.path.join(runner.work_dir, name), 'w') as f:
+            f.write(str(os.getpid()))
+        time.sleep(self.seconds)
+
+
+def build_cfg(
+    way: str,
+    mode: str,
+    work_dir: str,
+    max_iters: int,
+    resume,
+    slow: bool = False,
+):
     from mmengine.config import Config
-    from mmengine.registry import DATASETS, MODELS
+    from mmengine.registry import DATASETS, HOOKS, MODELS
 
     from mmnanguard.engine.runner.train_options import (
         RUNNER_TYPE,
@@ -41,6 +83,9 @@ def build_cfg(way: str, mode: str, work_dir: str, max_iters: int, resume):
     # prints it)
     MODELS.register_module('WaysInToyModel', module=ToyModel, force=True)
     DATASETS.register_module('WaysInToyDataset', module=ToyDataset, force=True)
+    HOOKS.register_module(
+        'WaysInSlowIterationHook', module=SlowIterationHook, force=True
+    )
 
     world = int(os.environ.get('WORLD_SIZE', '1'))
     fault = dict(
@@ -52,6 +97,8 @@ def build_cfg(way: str, mode: str, work_dir: str, max_iters: int, resume):
     hooks = [fault]
     if way == 'hook':
         hooks.append(dict(type='NanGuardHook', policy='skip'))
+    if slow:
+        hooks.append(dict(type='WaysInSlowIterationHook'))
     cfg = toy_runner_cfg(
         work_dir,
         max_iters=max_iters,
@@ -62,6 +109,8 @@ def build_cfg(way: str, mode: str, work_dir: str, max_iters: int, resume):
         resume=resume,
     )
     cfg['train_dataloader']['dataset'] = dict(type='WaysInToyDataset')
+    if slow:  # the preemption save is the only checkpoint
+        cfg['default_hooks']['checkpoint']['interval'] = 10 * max_iters
     if mode == 'flexible':
         cfg['runner_type'] = 'FlexibleRunner'
         cfg['strategy'] = dict(type='DDPStrategy')
@@ -86,15 +135,41 @@ def main(way: str, mode: str, work_dir: str, max_iters: str, *rest) -> int:
     import mmnanguard  # noqa: F401
     from mmnanguard.compat.cpu_distributed import prepare_cpu_distributed
     from mmnanguard.engine.guard.snapshot import unwrap_model
+    from mmnanguard.engine.runner.preemption import (
+        EXIT_PREEMPTED,
+        TrainingPreempted,
+    )
+    from mmnanguard.engine.runner.process_group_close import (
+        close_process_group,
+    )
 
-    cfg = build_cfg(way, mode, work_dir, int(max_iters), 'resume' in rest)
+    cfg = build_cfg(
+        way, mode, work_dir, int(max_iters), 'resume' in rest, 'slow' in rest
+    )
     prepare_cpu_distributed(cfg, cfg.launcher)
     # as mmdet's tools/train.py builds it
     if 'runner_type' in cfg:
         runner = RUNNERS.build(cfg)
     else:
         runner = Runner.from_cfg(cfg)
-    runner.train()
+    try:
+        runner.train()
+    except TrainingPreempted as err:  # as tools/train.py maps it
+        rank = torch_dist.get_rank() if torch_dist.is_initialized() else 0
+        with open(f'{work_dir}/preempted_rank{rank}.json', 'w') as f:
+            json.dump(
+                dict(
+                    iteration=err.iteration,
+                    checkpoint=err.checkpoint,
+                    signal=err.signal_name,
+                    runner_iter=runner.iter,
+                ),
+                f,
+            )
+        # every rank's record exists before torchrun, seeing the first rank
+        # exit, stops the others
+        close_process_group(completed=True)
+        return EXIT_PREEMPTED
     rank = torch_dist.get_rank() if torch_dist.is_initialized() else 0
     state = {
         k: v.detach().clone()
@@ -103,8 +178,7 @@ def main(way: str, mode: str, work_dir: str, max_iters: str, *rest) -> int:
     torch.save(state, f'{work_dir}/weights_rank{rank}.pth')
     with open(f'{work_dir}/runner_rank{rank}.txt', 'w') as f:
         f.write(type(runner).__name__)
-    if torch_dist.is_initialized():
-        torch_dist.destroy_process_group()
+    close_process_group(completed=True)
     return 0
 
 

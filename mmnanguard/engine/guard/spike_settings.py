@@ -26,7 +26,8 @@ class SpikeSettings:
             ``'rollback'`` drops the update and rolls back like a
             non-finite incident (which backs off the learning rates).
             ``'skip'`` escalates like the guard's ``'skip'`` policy after
-            ``max_consecutive_skips``. Defaults to ``'skip'``.
+            ``max_consecutive_skips``. Defaults to ``'log'`` (the value
+            ``configs/_base_/nanguard_settings.py`` sets).
         factor (float): Spike threshold, a multiple (> 1) of the running
             max. Defaults to 10.0.
         window (int): Accepted values kept per quantity. Defaults to 50.
@@ -52,7 +53,7 @@ class SpikeSettings:
         ...                      spike=dict(action='skip', factor=10.0))]
     """
 
-    action: str = 'skip'
+    action: str = 'log'
     factor: float = 10.0
     window: int = 50
     warmup: int = 10

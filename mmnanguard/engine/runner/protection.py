@@ -35,6 +35,8 @@ class ProtectionSettings:
         check_labels (bool): Wrap every built upstream
             ``CrossEntropyLoss`` that takes class labels (not
             ``use_mask=True``) in the drop-in ``CheckedCrossEntropyLoss``.
+            Defaults to True (the value
+            ``configs/_base_/nanguard_settings.py`` sets).
         validate_annotations (dict, optional): Settings of the
             ``ValidateAnnotations`` transform inserted into the training
             pipeline; None inserts nothing.
@@ -46,7 +48,7 @@ class ProtectionSettings:
     enabled: bool = True
     guard: Dict[str, Any] = field(default_factory=dict)
     hooks: List[Dict[str, Any]] = field(default_factory=list)
-    check_labels: bool = False
+    check_labels: bool = True
     validate_annotations: Optional[Dict[str, Any]] = None
     module_swaps: List[Dict[str, str]] = field(default_factory=list)
 
@@ -77,7 +79,7 @@ class ProtectionSettings:
             return cls(enabled=False)
         guard = GuardSettings.from_dict(cfg).to_dict()
         hooks = _parse_hooks(runner_part.get('hooks', []))
-        check_labels = runner_part.get('check_labels', False)
+        check_labels = runner_part.get('check_labels', True)
         if not isinstance(check_labels, bool):
             raise TypeError(
                 f'nanguard.check_labels={check_labels!r} is '

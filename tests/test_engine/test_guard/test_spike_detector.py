@@ -56,7 +56,7 @@ def test_settings_round_trip():
     s = GuardSettings.from_dict(dict(spike=dict(factor=5, keys=['loss'])))
     assert isinstance(s.spike, SpikeSettings)
     assert s.to_dict()['spike'] == dict(
-        action='skip',
+        action='log',
         factor=5,
         window=50,
         warmup=10,

@@ -1,0 +1,158 @@
+# Copyright (c) mmnanguard contributors. All rights reserved.
+"""Preemption under DDP: ``NanGuardRunner`` + DDP and
+``NanGuardFlexibleRunner`` + ``DDPStrategy``, 2 CPU processes over gloo
+started by torchrun (``ways_in_worker.py``, the include way, ``slow``).
+
+Each iteration of the worker ends by writing a marker and sleeping 0.5 s.
+On rank 1's marker of iteration 4 the test sends SIGTERM to every rank, or
+to rank 1 only. The signal lands during iteration 4's sleep, so the step of
+iteration 5 carries the flag in the guard's ``all_reduce`` and every rank
+stops after iteration 5: one checkpoint ``iter_5.pth`` (the periodic
+checkpoints are off), named by ``last_checkpoint``, complete and finite;
+every rank records ``TrainingPreempted`` at that iteration and exits 4
+(``EXIT_PREEMPTED``). torchrun itself exits 1 (a failed worker group,
+whatever the status): its summary names the first rank to exit, status 4,
+as the root cause; the other rank's status reads 4, or -15 when torchrun's
+teardown SIGTERM reaches it while it shuts down (after the checkpoint and
+its own record: harmless).
+``--resume`` then continues from iteration 5 to 8 with the same finite
+weights on both ranks.
+"""
+
+import glob
+import json
+import os
+import os.path as osp
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from integration_utils import REPO, run_script
+
+from mmnanguard.engine.runner.preemption import EXIT_PREEMPTED
+from mmnanguard.testing.distributed import free_port, torchrun_args
+from mmnanguard.testing.tiny_configs import tensors_all_finite
+
+HERE = osp.dirname(osp.abspath(__file__))
+WORKER = osp.join(HERE, 'ways_in_worker.py')
+SIGNAL_AT = 4  # the marker (iteration) that triggers the signal
+STOP_AT = SIGNAL_AT + 1  # the boundary where every rank stops
+MAX_ITERS = 8
+
+pytestmark = pytest.mark.slow
+
+
+def _torchrun(mode, work, *extra):
+    return torchrun_args(2, free_port()) + [
+        WORKER,
+        'include',
+        mode,
+        str(work),
+        str(MAX_ITERS),
+        *extra,
+    ]
+
+
+def _preempted_run(mode, work, targets):
+    """Start the slow run, SIGTERM ``targets`` (ranks) at the marker;
+    return torchrun's status and its output."""
+    env = dict(os.environ, PYTHONWARNINGS='ignore', OMP_NUM_THREADS='1')
+    proc = subprocess.Popen(
+        [sys.executable] + _torchrun(mode, work, 'slow'),
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        marker = work / f'reached_rank1_iter{SIGNAL_AT}'
+        deadline = time.monotonic() + 240
+        while not marker.exists():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                out = proc.communicate(timeout=60)[0]
+                pytest.fail(f'no marker {marker.name}:\n{out[-6000:]}')
+            time.sleep(0.02)
+        for rank in targets:
+            path = work / f'reached_rank{rank}_iter{SIGNAL_AT}'
+            while not path.exists() or not path.read_text():
+                time.sleep(0.02)
+            os.kill(int(path.read_text()), signal.SIGTERM)
+        out = proc.communicate(timeout=240)[0]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return proc.returncode, out
+
+
+@pytest.mark.parametrize('mode', ['runner', 'flexible'])
+@pytest.mark.parametrize('targets', [(0, 1), (1,)], ids=['all', 'rank1'])
+def test_sigterm_saves_once_exits_4_and_resumes(mode, targets, tmp_path):
+    work = tmp_path / 'work'
+    work.mkdir()
+    status, out = _preempted_run(mode, work, targets)
+
+    # torchrun exits 1 (a failed worker group); the first rank to exit is
+    # the root cause with status 4; torchrun then sends SIGTERM to the
+    # ranks still shutting down, so their status reads 4 or -15
+    assert status == 1, out[-6000:]
+    root = out.split('Root Cause')[1]
+    assert f'exitcode  : {EXIT_PREEMPTED} ' in root, out[-6000:]
+    statuses = re.findall(r'exitcode  : (-?\d+)', out)
+    assert set(statuses) <= {str(EXIT_PREEMPTED), '-15'}, out[-6000:]
+    for rank in (0, 1):
+        info = json.load(open(work / f'preempted_rank{rank}.json'))
+        assert info['iteration'] == STOP_AT
+        assert info['checkpoint'] == str(work / f'iter_{STOP_AT}.pth')
+        # the signal's name on the ranks that got it
+        expected = 'SIGTERM' if rank in targets else 'a signal on another'
+        assert info['signal'].startswith(expected)
+        # no rank ran past the boundary
+        assert (work / f'reached_rank{rank}_iter{STOP_AT}').exists()
+        assert not (work / f'reached_rank{rank}_iter{STOP_AT + 1}').exists()
+    assert sorted(osp.basename(p) for p in glob.glob(str(work / '*.pth'))) == [
+        f'iter_{STOP_AT}.pth'
+    ]
+    assert not glob.glob(str(work / '*.tmp*')) + glob.glob(str(work / '.*'))
+    named = (work / 'last_checkpoint').read_text().strip()
+    assert named == str(work / f'iter_{STOP_AT}.pth')
+    ckpt = torch.load(named, map_location='cpu', weights_only=False)
+    assert ckpt['meta']['iter'] == STOP_AT
+    assert tensors_all_finite(ckpt['state_dict'])
+    assert tensors_all_finite(ckpt['optimizer'])
+
+    out = run_script(
+        _torchrun(mode, work, 'resume'),
+        timeout=300,
+        env=dict(OMP_NUM_THREADS='1'),
+    )
+    log = out.stdout + out.stderr
+    assert out.returncode == 0, log[-6000:]
+    assert f'resumed epoch: 0, iter: {STOP_AT}' in log, log[-6000:]
+    final = torch.load(
+        str(work / f'iter_{MAX_ITERS}.pth'),
+        map_location='cpu',
+        weights_only=False,
+    )
+    assert final['meta']['iter'] == MAX_ITERS
+    weights = [
+        torch.load(str(work / f'weights_rank{r}.pth'), map_location='cpu')
+        for r in (0, 1)
+    ]
+    assert tensors_all_finite(weights[0])
+    assert weights[1].keys() == weights[0].keys()
+    assert all(torch.equal(weights[1][k], weights[0][k]) for k in weights[0])
+    state = {
+        k.removeprefix('module.'): v for k, v in final['state_dict'].items()
+    }
+    assert all(torch.equal(state[k], weights[0][k]) for k in weights[0])
+    # the resumed run trained on from the preemption checkpoint
+    saved = {
+        k.removeprefix('module.'): v for k, v in ckpt['state_dict'].items()
+    }
+    assert not all(torch.equal(saved[k], weights[0][k]) for k in saved)
