@@ -32,6 +32,7 @@ import torch
 from mmengine import dist
 from torch import Tensor
 
+from .agreed_flags import AgreedFlags
 from .dtensor import global_value, local
 from .finite import any_nonfinite
 from .grad_norm import GradNorm, grad_norm
@@ -257,15 +258,21 @@ class StepGuard:
                 ],
             )
         if dist.get_world_size() > 1:
-            votes = [
-                _as(loss_bad, device),
-                (local_grad_bad if folded else ~torch.isfinite(total)).to(
+            votes = AgreedFlags(
+                loss=_as(loss_bad, device),
+                grad=(local_grad_bad if folded else ~torch.isfinite(total)).to(
                     dtype
                 ),
-                _as(params_flag, device) if params_flag is not None else zero,
-                check.flags.any().to(dtype) if check is not None else zero,
-                _as(amp_state[0], device) if amp_state is not None else zero,
-            ]
+                params=_as(params_flag, device)
+                if params_flag is not None
+                else zero,
+                spike=check.flags.any().to(dtype)
+                if check is not None
+                else zero,
+                amp_inf=_as(amp_state[0], device)
+                if amp_state is not None
+                else zero,
+            ).to_list()
             if names:
                 votes.append(parts[-1].reshape(-1).to(dtype))
             if folded:
@@ -274,11 +281,14 @@ class StepGuard:
             dist.all_reduce(agreed, op='sum')
             add('agreed', agreed)
             if folded:
-                total = norm.unfold(agreed[-1:])
+                total = norm.unfold(AgreedFlags.tail(agreed, len(names)))
                 parts[0] = _as(local(total), device).reshape(1)
                 if detector is not None and checks_grad:
                     later = detector.check(
-                        {}, local(total), suffix, agreed[3] > 0
+                        {},
+                        local(total),
+                        suffix,
+                        AgreedFlags.view(agreed).spike > 0,
                     )
                     if later is not None:  # then ``check`` is too
                         check = _merge(check, later, 'grad_norm' + suffix)
@@ -348,20 +358,20 @@ class StepGuard:
         votes = part('votes')
         agreed = part('agreed')
         if agreed is not None and votes is not None:
-            votes = agreed[5 : 5 + len(votes)]
+            votes = AgreedFlags.votes(agreed, len(votes))
         verdict.votes = {n: bool(v) for n, v in zip(self.votes, votes or [])}
         if agreed is not None:
-            a_loss, a_grad, a_params, a_spike, a_inf = agreed[:5]
-            verdict.loss_finite = not a_loss
-            if verdict.loss_bad_iteration is None and a_loss:
+            seen = AgreedFlags.view(agreed)
+            verdict.loss_finite = not seen.loss
+            if verdict.loss_bad_iteration is None and seen.loss:
                 verdict.loss_bad_iteration = self.iteration
             verdict.grad_finite = not (
-                a_inf if amp is not None else a_grad or grad_bad
+                seen.amp_inf if amp is not None else seen.grad or grad_bad
             )
             if params is not None:
-                verdict.params_finite = not a_params
+                verdict.params_finite = not seen.params
             # under action='log' the rank that saw the spike steps too
-            if a_spike and not verdict.spikes and verdict.spike_acts:
+            if seen.spike and not verdict.spikes and verdict.spike_acts:
                 verdict.veto = 'a spike on another rank'
         verdict.local_params_finite = (
             None if params_bad is None else not params_bad

@@ -18,6 +18,7 @@ from ..guard.incident_event import IncidentEvent
 from ..incident import (
     CONFIG_NAME,
     MODEL_NAME,
+    IncidentKind,
     write_incident_file,
     write_report_json,
 )
@@ -156,7 +157,7 @@ class NanDiagnosisHook(Hook):
 
     def _respond(self, runner, event: IncidentEvent) -> None:
         report, folder = event.report, event.folder
-        if report['kind'] == 'nonfinite_checkpoint':
+        if report['kind'] == IncidentKind.NONFINITE_CHECKPOINT:
             runner.logger.info(
                 'nanguard diagnosis: a poisoned checkpoint '
                 'is not a training step; nothing to replay'

@@ -45,6 +45,9 @@ def _worker(
     import mmnanguard  # noqa: F401
     from mmnanguard.compat.cpu_distributed import prepare_cpu_distributed
     from mmnanguard.engine.hooks import NanGuardHook
+    from mmnanguard.engine.runner.process_group_close import (
+        close_process_group,
+    )
     from mmnanguard.testing import TINY_DOTA_CONFIG, load_tiny_config
 
     cfg = load_tiny_config(
@@ -81,6 +84,7 @@ def _worker(
             f,
             default=str,
         )
+    close_process_group(completed=True)
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,56 @@
+# Copyright (c) mmnanguard contributors. All rights reserved.
+"""The named layout of the flags the ranks sum in the guard's one
+``all_reduce``.
+
+:meth:`StepGuard.read` sends, in this order, one flag per
+:data:`AgreedFlags` field, then one flag per registered vote, then (for
+sharded gradients) this rank's share of the gradient norm. After the sum a
+flag above zero means "some rank saw it". :meth:`AgreedFlags.view` reads
+the summed vector back by name, never by position.
+"""
+
+from typing import List, NamedTuple, Sequence, TypeVar
+
+T = TypeVar('T')
+
+
+class AgreedFlags(NamedTuple):
+    """The fixed head of the summed vector: how many ranks saw each
+    problem.
+
+    Args:
+        loss (T): A non-finite loss term or total loss.
+        grad (T): A non-finite gradient norm (this rank's shards when the
+            norm is folded).
+        params (T): Non-finite parameters or buffers after the previous
+            step (0 when no check was pending).
+        spike (T): A loss or gradient-norm spike.
+        amp_inf (T): The GradScaler's ``found_inf`` (0 without AMP).
+    """
+
+    loss: T
+    grad: T
+    params: T
+    spike: T
+    amp_inf: T
+
+    @classmethod
+    def view(cls, summed: Sequence[T]) -> 'AgreedFlags':
+        """The head of ``summed`` (a tensor or a list), by name."""
+        return cls(*summed[: len(cls._fields)])
+
+    @classmethod
+    def votes(cls, summed: Sequence[T], count: int) -> Sequence[T]:
+        """The ``count`` vote flags after the head."""
+        start = len(cls._fields)
+        return summed[start : start + count]
+
+    @classmethod
+    def tail(cls, summed: Sequence[T], count: int) -> Sequence[T]:
+        """What follows the head and ``count`` votes (the folded norm's
+        share)."""
+        return summed[len(cls._fields) + count :]
+
+    def to_list(self) -> List[T]:
+        """The fields in the order sent."""
+        return list(self)
