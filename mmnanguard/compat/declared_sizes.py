@@ -18,8 +18,11 @@ entry per tensor) and compares the declared sizes with the file's own:
 
 A file that passes takes at most :data:`MAX_INFLATION` times its own size
 to read. The check takes milliseconds and reads nothing but the central
-directory; a file that is not a zip archive (torch's legacy format, a
-truncated file) is left to the loader, which names it.
+directory. A file in torch's legacy (non-zip) format has no directory:
+its pickles are read without loading anything, and the storages they
+declare may not add up to more bytes than the file has
+(:mod:`.legacy_declared_sizes`). Any other file (a truncated one) is left
+to the loader, which names it.
 
 :func:`check_declared_sizes` raises :class:`DeclaredSizeError` (a
 ``ValueError``) naming the file, the entry and both sizes.
@@ -30,6 +33,8 @@ import os
 import stat
 import zipfile
 from typing import Any, Optional
+
+from .legacy_declared_sizes import legacy_declared_bytes
 
 #: How many times its stored bytes an entry may inflate to, and the whole
 #: archive its own size (``torch.save``: exactly once).
@@ -70,8 +75,9 @@ def human(size: int) -> str:
 
 def size_problem(file: Any) -> Optional[str]:
     """Why ``file``'s declared sizes are not those of a ``torch.save`` file,
-    as a phrase to follow its name; None when they are (or when it is not
-    a zip archive, which the loader reports itself).
+    as a phrase to follow its name; None when they are (or when it is
+    neither a zip archive nor a legacy-format file: the loader reports
+    it).
 
     Args:
         file (str | file-like): A path, or a seekable binary buffer.
@@ -88,7 +94,7 @@ def size_problem(file: Any) -> Optional[str]:
         with zipfile.ZipFile(file) as archive:
             infos = archive.infolist()
     except (zipfile.BadZipFile, OSError, ValueError, EOFError):
-        return None
+        return _legacy_problem(file, size)
     finally:
         if position is not None:
             file.seek(position)
@@ -119,6 +125,20 @@ def size_problem(file: Any) -> Optional[str]:
             'decompression bomb or a damaged file'
         )
     return None
+
+
+def _legacy_problem(file: Any, size: int) -> Optional[str]:
+    """Why a legacy-format ``file`` of ``size`` bytes cannot hold the
+    storages it declares; None when it can, or when it is no legacy file
+    (:mod:`.legacy_declared_sizes`)."""
+    declared = legacy_declared_bytes(file)
+    if declared is None or declared <= size:
+        return None
+    return (
+        f'its storages declare {human(declared)} in all, more than the '
+        f"{human(size)} of the whole file (torch's legacy format stores "
+        'them raw after the object): a damaged or crafted file'
+    )
 
 
 def check_declared_sizes(

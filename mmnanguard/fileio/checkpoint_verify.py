@@ -177,7 +177,8 @@ def truncation_problem(path: str) -> Optional[str]:
     file for ``load_from`` may be a plain state dict, or in torch's legacy
     format): not empty, and a zip archive (it starts with ``PK``) whose
     central directory is there and whose entries declare no more bytes
-    than the file holds (:mod:`mmnanguard.compat.declared_sizes`).
+    than the file holds, or a legacy-format file whose storages declare
+    no more bytes than it holds (:mod:`mmnanguard.compat.declared_sizes`).
 
     Args:
         path (str): A local file.
@@ -193,8 +194,8 @@ def truncation_problem(path: str) -> Optional[str]:
             magic = f.read(4)
     except OSError:
         return None
-    if magic != b'PK\x03\x04':
-        return None
+    if magic != b'PK\x03\x04':  # a legacy-format file is checked too
+        return size_problem(path)
     try:
         with zipfile.ZipFile(path):
             pass

@@ -304,6 +304,26 @@ def write_bomb(path: str, entry: str, size: int) -> str:
     return path
 
 
+def write_legacy_storage_bomb(path: str, obj: Any, numel: int) -> str:
+    """``obj`` saved by ``torch.save`` in the legacy (non-zip) format, with
+    the ``numel`` of its first storage's persistent id raised to
+    ``numel`` (what torch's legacy loader allocates by, before it reads
+    the storage's bytes). The file keeps its size."""
+    buf = io.BytesIO()
+    torch.save(obj, buf, _use_new_zipfile_serialization=False)
+    raw = buf.getvalue()
+    # the persistent id (..., 'cpu', numel, view): numel follows 'cpu' and
+    # its memo PUT; torch writes a small one as BININT1 or BININT2
+    key = b'X\x03\x00\x00\x00cpuq'
+    at = raw.index(key) + len(key) + 1
+    widths = {b'K': 2, b'M': 3, b'J': 5}
+    width = widths[raw[at : at + 1]]
+    packed = b'\x8a\x08' + struct.pack('<q', numel)  # LONG1, 8 bytes
+    with open(path, 'wb') as f:
+        f.write(raw[:at] + packed + raw[at + width :])
+    return path
+
+
 WRITERS: Dict[str, Callable[[str, bytes], str]] = {
     'zip': write_zip,
     'legacy': write_legacy,

@@ -211,7 +211,8 @@ def test_train_tool_refuses_a_named_bomb_with_exit_2(
     assert 'Traceback' not in err
 
 
-#: Run in a fresh process: each reader on the 16 GiB bombs, its time and
+#: Run in a fresh process: each reader on the 16 GiB bombs (a zip entry;
+#: a legacy-format storage), its time and
 #: the growth of the peak RSS; last, an unguarded zipfile read of a
 #: 128 MiB bomb (the control: the measurement sees an allocation).
 MEASURE = r"""
@@ -220,7 +221,7 @@ from mmnanguard.compat.checkpoint_allowlist import load_from_local
 from mmnanguard.engine.incident import load_batch, load_model_state
 from mmnanguard.fileio.checkpoint_verify import checkpoint_problem
 
-checkpoint, batch, model, control = sys.argv[1:5]
+checkpoint, batch, model, control, legacy = sys.argv[1:6]
 
 
 def peak_mb():
@@ -263,6 +264,7 @@ found = {
     'load_from_local': measure(lambda: load_from_local(checkpoint)),
     'load_batch': measure(lambda: load_batch(batch)),
     'load_model_state': measure(lambda: load_model_state(model)),
+    'legacy load_from_local': measure(lambda: load_from_local(legacy)),
 }
 with zipfile.ZipFile(control) as archive:
     found['control'] = measure(lambda: archive.read('bomb/data.pkl'))
@@ -276,6 +278,9 @@ def test_refusal_is_fast_and_allocates_nothing(work, tmp_path):
     control = str(tmp_path / 'bomb.pth')
     torch.save({}, control)
     crafted.write_bomb(control, 'data.pkl', 128 << 20)
+    legacy = crafted.write_legacy_storage_bomb(
+        str(tmp_path / 'legacy.pth'), {'w': torch.zeros(4)}, 4 * GiB
+    )
     script = tmp_path / 'measure.py'
     script.write_text(MEASURE)
     env = dict(os.environ, OMP_NUM_THREADS='1', MKL_NUM_THREADS='1')
@@ -287,6 +292,7 @@ def test_refusal_is_fast_and_allocates_nothing(work, tmp_path):
             paths['batch.pth'],
             paths['model.pth'],
             control,
+            legacy,
         ],
         capture_output=True,
         text=True,
@@ -303,6 +309,7 @@ def test_refusal_is_fast_and_allocates_nothing(work, tmp_path):
         'load_from_local': 'DeclaredSizeError',
         'load_batch': 'NotAnIncidentError',
         'load_model_state': 'NotAnIncidentError',
+        'legacy load_from_local': 'DeclaredSizeError',
     }
     for name, outcome in expected.items():
         assert found[name]['outcome'] == outcome, (name, found)
