@@ -7,7 +7,9 @@
 # `make test` ends with `make test-stacks`: on each of core, mmdet, onedl and
 # toolboxes the built wheel, installed into that stack's venv, trains
 # protected configs from a folder outside the repository, and the tests
-# marked stack_smoke run against it.
+# marked stack_smoke run against it. Those stacks' venvs (and mmcv wheels)
+# are set up in the background, at the lowest priority, while the suite
+# runs (tools/setup/stacks_in_background.sh).
 STACK ?= rotate
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -35,7 +37,9 @@ format: dev
 	$(PY) -m ruff format $(LINT_PATHS)
 
 test: dev lint
+	@bash tools/setup/stacks_in_background.sh start $(CHECKED_STACKS)
 	$(PY) -m pytest tests
+	@bash tools/setup/stacks_in_background.sh wait
 	@$(MAKE) --no-print-directory test-stacks
 
 # lint and the tests not marked slow (a few minutes), for development

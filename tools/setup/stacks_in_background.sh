@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Build the venvs of the checked stacks (their mmcv wheels compiled once,
+# cached outside the repository) in the background while the test suite
+# runs, at the lowest CPU and I/O priority, so that a fresh clone does
+# not compile them one after another after the suite.
+#
+#   bash tools/setup/stacks_in_background.sh start STACK...
+#   bash tools/setup/stacks_in_background.sh wait
+#
+# `start` returns at once; its log is work_dirs/stack_setup/setup.log.
+# `wait` blocks until it has ended and prints how it ended; a stack whose
+# setup failed here is set up again (and its error shown) by
+# tools/setup/check_wheel.sh. With every stack up to date both take
+# seconds.
+set -Eeuo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+cd "$ROOT"
+DIR="work_dirs/stack_setup"
+ACTION="${1:-}"
+shift || true
+
+case "$ACTION" in
+    start)
+        mkdir -p "$DIR"
+        rm -f "$DIR/status"
+        STACKS="$*"
+        # lowest priority where the tools exist; a separate session, so
+        # that `make`'s end does not stop it halfway
+        LOW=(nice -n 19)
+        ! command -v ionice >/dev/null || LOW+=(ionice -c 3)
+        ! command -v setsid >/dev/null || LOW=(setsid "${LOW[@]}")
+        nohup "${LOW[@]}" bash -c '
+            start=$SECONDS
+            for stack in '"$STACKS"'; do
+                if ! STACK=$stack bash tools/setup/setup_env.sh; then
+                    echo "failed on $stack after $((SECONDS - start)) s" \
+                        > "'"$DIR"'/status"
+                    exit 1
+                fi
+            done
+            echo "done in $((SECONDS - start)) s" > "'"$DIR"'/status"
+        ' > "$DIR/setup.log" 2>&1 < /dev/null &
+        echo $! > "$DIR/pid"
+        echo "[stacks] setting up $STACKS in the background" \
+             "(log: $DIR/setup.log)"
+        ;;
+    wait)
+        [[ -f "$DIR/pid" ]] || exit 0
+        pid="$(cat "$DIR/pid")"
+        waited=$SECONDS
+        while kill -0 "$pid" 2>/dev/null; do sleep 5; done
+        rm -f "$DIR/pid"
+        echo "[stacks] background setup: $(cat "$DIR/status" 2>/dev/null \
+             || echo 'ended without a status') (waited" \
+             "$((SECONDS - waited)) s after the suite)"
+        ;;
+    *)
+        echo "usage: $0 start STACK... | wait" >&2
+        exit 2
+        ;;
+esac
