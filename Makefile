@@ -38,7 +38,8 @@ format: dev
 
 test: dev lint
 	@bash tools/setup/stacks_in_background.sh start $(CHECKED_STACKS)
-	$(PY) -m pytest tests
+	@$(PY) -m pytest tests \
+	    || { bash tools/setup/stacks_in_background.sh stop; exit 1; }
 	@bash tools/setup/stacks_in_background.sh wait
 	@$(MAKE) --no-print-directory test-stacks
 

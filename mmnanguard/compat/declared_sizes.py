@@ -127,6 +127,30 @@ def size_problem(file: Any) -> Optional[str]:
     return None
 
 
+def declared_bytes(file: Any) -> Optional[int]:
+    """The bytes that loading ``file`` allocates for its records, as its
+    zip central directory (or, in torch's legacy format, its storages)
+    declare them; None when it is neither (read without loading).
+
+    Args:
+        file (str | file-like): A path, or a seekable binary buffer.
+
+    Returns:
+        int | None: The declared bytes in all.
+    """
+    if _size_of(file) is None:  # a FIFO or a device: never read here
+        return None
+    position = None if isinstance(file, (str, os.PathLike)) else file.tell()
+    try:
+        with zipfile.ZipFile(file) as archive:
+            return sum(info.file_size for info in archive.infolist())
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError):
+        return legacy_declared_bytes(file)
+    finally:
+        if position is not None:
+            file.seek(position)
+
+
 def _legacy_problem(file: Any, size: int) -> Optional[str]:
     """Why a legacy-format ``file`` of ``size`` bytes cannot hold the
     storages it declares; None when it can, or when it is no legacy file
@@ -169,6 +193,7 @@ __all__ = [
     'DeclaredSizeError',
     'MAX_INFLATION',
     'check_declared_sizes',
+    'declared_bytes',
     'human',
     'size_problem',
 ]

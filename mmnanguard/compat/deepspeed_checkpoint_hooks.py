@@ -30,11 +30,16 @@ def _calls_callback(method: Callable) -> bool:
 
 
 def is_needed() -> bool:
-    """Whether mmengine's ``DeepSpeedStrategy`` ignores the callback."""
+    """Whether mmengine imports deepspeed and its ``DeepSpeedStrategy``
+    ignores the callback (without deepspeed the strategy cannot run, and
+    nothing is mended)."""
     try:
-        from mmengine._strategy.deepspeed import DeepSpeedStrategy
+        from mmengine._strategy import deepspeed as strategy_module
     except ImportError:
         return False
+    if getattr(strategy_module, 'deepspeed', None) is None:
+        return False
+    DeepSpeedStrategy = strategy_module.DeepSpeedStrategy
     if getattr(DeepSpeedStrategy.save_checkpoint, '_nanguard', False):
         return False
     return not (

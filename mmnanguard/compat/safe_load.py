@@ -14,14 +14,22 @@ The scope is process-wide while it lasts: another thread calling
 """
 
 import contextlib
+import os
 import pickle
 import re
+import stat
 import zipfile
 from typing import Any, Iterator, List, Optional, Sequence, Type
 
 import torch
 
 from .declared_sizes import check_declared_sizes, size_problem
+
+#: How a file to load is opened: without blocking on a FIFO (which is
+#: then passed over, never read here).
+_READ_FLAGS = (
+    os.O_RDONLY | getattr(os, 'O_NONBLOCK', 0) | getattr(os, 'O_CLOEXEC', 0)
+)
 
 #: What the allowlist of ``torch.serialization.safe_globals`` accepts: a
 #: class or function, or ``(object, 'module.qualname')``.
@@ -155,15 +163,41 @@ def weights_only_load(
         error: The unpickler refused something; the message names
             ``path`` and what was refused.
     """
-    check_declared_sizes(path, what, name)
-    with scoped_safe_globals(entries):
-        try:
-            return torch.load(
-                path, map_location=map_location, weights_only=True
-            )
-        except pickle.UnpicklingError as err:
-            reason = describe_refusal(path, err)
-            raise error(refusal_message(what, name or path, reason)) from err
+    with _opened_once(path) as file:
+        check_declared_sizes(file, what, name or path)
+        with scoped_safe_globals(entries):
+            try:
+                return torch.load(
+                    file, map_location=map_location, weights_only=True
+                )
+            except pickle.UnpicklingError as err:
+                reason = describe_refusal(file, err)
+                raise error(
+                    refusal_message(what, name or path, reason)
+                ) from err
+
+
+@contextlib.contextmanager
+def _opened_once(path: Any) -> Iterator[Any]:
+    """``path`` opened once, so that the file whose sizes are checked is
+    the file that is loaded: a file swapped under the same name in between
+    is not read. A buffer, and a path that is not a regular file (a FIFO,
+    a device: the loader names it), are passed through as they are."""
+    if not isinstance(path, (str, os.PathLike)):
+        yield path
+        return
+    try:
+        fd = os.open(path, _READ_FLAGS)
+    except OSError:
+        yield path  # the loader raises the error that names the file
+        return
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        yield path
+        return
+    with os.fdopen(fd, 'rb') as file:
+        file.raw.name = os.fspath(path)  # for messages, as open() names it
+        yield file
 
 
 def refusal_message(what: str, path: str, reason: str) -> str:

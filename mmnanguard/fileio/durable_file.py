@@ -29,7 +29,7 @@ import os
 import os.path as osp
 import stat
 import tempfile
-from typing import Callable, List, Optional, Union
+from typing import Callable, List, Optional, Tuple, Union
 
 #: The suffix of the temporary files of :func:`write_durable`.
 TEMP_SUFFIX = '.nanguard-tmp'
@@ -270,22 +270,45 @@ def remove_temp_files(folder: str) -> List[str]:
     Returns:
         list[str]: The paths removed.
     """
+
+    def remove(path: str) -> bool:
+        if not stat.S_ISREG(os.lstat(path).st_mode):
+            return False
+        os.unlink(path)
+        return True
+
+    return remove_left_behind(folder, (TEMP_SUFFIX,), remove)
+
+
+def remove_left_behind(
+    folder: str, suffixes: Tuple[str, ...], remove: Callable[[str], bool]
+) -> List[str]:
+    """Call ``remove(path)`` on every hidden name in ``folder`` ending with
+    one of ``suffixes`` (what a killed write left), in name order.
+
+    Args:
+        folder (str): The folder; one that cannot be listed has nothing.
+        suffixes (tuple[str]): The endings of the names to remove.
+        remove (callable): Removes ``path``; returns whether it did. An
+            ``OSError`` it raises passes the path over.
+
+    Returns:
+        list[str]: The paths removed.
+    """
     removed = []
     try:
         names = os.listdir(folder)
     except OSError:
         return removed
     for name in sorted(names):
-        if not (name.startswith('.') and name.endswith(TEMP_SUFFIX)):
+        if not (name.startswith('.') and name.endswith(suffixes)):
             continue
         path = osp.join(folder, name)
         try:
-            if not stat.S_ISREG(os.lstat(path).st_mode):
-                continue
-            os.unlink(path)
+            if remove(path):
+                removed.append(path)
         except OSError:
             continue
-        removed.append(path)
     return removed
 
 
@@ -295,6 +318,7 @@ __all__ = [
     'check_same_file',
     'discard',
     'fsync_dir',
+    'remove_left_behind',
     'remove_temp_files',
     'write_all',
     'write_durable',

@@ -22,12 +22,14 @@ checkpoint checks under ZeRO, not a detector.
 
 import glob
 import json
+import os
 import os.path as osp
 
 import pytest
 import torch
 from integration_utils import run_script
 
+from mmnanguard.fileio.durable_folder import TEMP_FOLDER_SUFFIX
 from mmnanguard.testing.distributed import (
     free_port,
     incidents_by_rank,
@@ -164,6 +166,9 @@ def test_deepspeed_skip_partition_check_and_resume(tmp_path, stage, resume):
     # rank's partition
     files = glob.glob(str(work / 'iter_4.pth' / '*optim_states.pt'))
     assert len(files) == 2, files
+    # every checkpoint folder was written under a temporary name, published
+    # once both ranks had written their partitions
+    assert not [n for n in os.listdir(work) if n.endswith(TEMP_FOLDER_SUFFIX)]
     for path in files:
         assert _all_finite(_load(path)['optimizer_state_dict']), path
     weights = [_load(work / f'weights_rank{r}.pth') for r in (0, 1)]

@@ -21,6 +21,7 @@ rank checks its ``ShardedTensor`` shards before each local checkpoint
 the in-memory snapshot of iteration 0 on both ranks.
 """
 
+import os
 import os.path as osp
 import re
 import shutil
@@ -29,6 +30,7 @@ import pytest
 import torch
 from integration_utils import run_script
 
+from mmnanguard.fileio.durable_folder import TEMP_FOLDER_SUFFIX
 from mmnanguard.testing.distributed import (
     free_port,
     incidents_by_rank,
@@ -121,7 +123,10 @@ def test_fsdp1_full_state_skip_checkpoint_rollback_and_resume(tmp_path):
         f'rolled back to the state of iteration 2 (from {work}/iter_2.pth)'
         in log
     ), log[-4000:]
-    # rank 0 wrote full state dicts; iter_4.pth holds the restored state
+    # rank 0 wrote full state dicts, durably (one file, no temporary one
+    # left); iter_4.pth holds the restored state
+    assert osp.isfile(work / 'iter_4.pth')
+    assert not [n for n in os.listdir(work) if 'nanguard-tmp' in n]
     first, restored = _load(work / 'iter_2.pth'), _load(work / 'iter_4.pth')
     assert first['state_dict']['a.weight'].shape == (1, 4)
     _assert_equal_states(restored['state_dict'], first['state_dict'])
@@ -155,10 +160,14 @@ def test_fsdp1_local_state_sharded_check_and_memory_rollback(tmp_path):
     work = tmp_path / 'work'
     log = _run(config, work)
     _assert_skip_then_rollback(work)
-    # each rank wrote its shards, every one checked before the write
+    # each rank wrote its shards, every one checked before the write, into
+    # a temporary folder published once both had written
     for step in (2, 4, 6):
-        for rank in (0, 1):
-            assert osp.isfile(work / f'iter_{step}.pth' / f'rank{rank}.pth')
+        assert sorted(os.listdir(work / f'iter_{step}.pth')) == [
+            'rank0.pth',
+            'rank1.pth',
+        ]
+    assert not [n for n in os.listdir(work) if n.endswith(TEMP_FOLDER_SUFFIX)]
     restored = re.findall(
         r'rolled back to the state of iteration (\d+) \(from memory\)', log
     )

@@ -12,10 +12,13 @@ Usage: ``ways_in_worker.py WAY MODE WORK_DIR MAX_ITERS [resume] [slow]``
   (``NanGuardHook`` alone in ``custom_hooks`` of a plain runner),
   ``guard`` (``tools/train.py --guard skip``'s config edit).
 * ``MODE``: ``runner`` (mmengine's ``Runner``; DDP when torchrun starts
-  more than one process) or ``flexible`` (``FlexibleRunner`` with
-  ``DDPStrategy``).
+  more than one process), or a ``FlexibleRunner`` with the strategy of
+  :data:`STRATEGIES`: ``flexible`` (``DDPStrategy``), ``fsdp1``
+  (``FSDPStrategy``, full state dicts), ``deepspeed``
+  (``DeepSpeedStrategy``, ZeRO-2, ``DeepSpeedOptimWrapper``).
 
-A NaN gradient is planted at iteration 3 on the last rank; checkpoints are
+A NaN gradient (an inf loss under FSDP1 and DeepSpeed: :data:`FAULTS`)
+is planted at iteration 3 on the last rank; checkpoints are
 written every 2 iterations (``CheckpointHook`` on rank 0 only, as
 mmengine does).
 
@@ -34,6 +37,7 @@ import sys
 import time
 
 import torch
+from dist_worker import full_state
 from mmengine.hooks import Hook
 
 
@@ -59,6 +63,23 @@ class SlowIterationHook(Hook):
         with open(os.path.join(runner.work_dir, name), 'w') as f:
             f.write(str(os.getpid()))
         time.sleep(self.seconds)
+
+
+#: The strategy of each ``FlexibleRunner`` mode.
+STRATEGIES = dict(
+    flexible=dict(type='DDPStrategy'),
+    fsdp1=dict(type='FSDPStrategy', state_dict_cfg='full'),
+    deepspeed=dict(
+        type='DeepSpeedStrategy',
+        zero_optimization=dict(stage=2),
+        config=dict(zero_allow_untested_optimizer=True),
+    ),
+)
+
+#: The fault planted, where not a NaN gradient: under FSDP1 and ZeRO the
+#: optimizer steps flat parameters that the module does not hold, and a
+#: NaN gradient has no module parameter to come from.
+FAULTS = dict(fsdp1='inf_loss', deepspeed='inf_loss')
 
 
 def build_cfg(
@@ -90,7 +111,7 @@ def build_cfg(
     world = int(os.environ.get('WORLD_SIZE', '1'))
     fault = dict(
         type='FaultInjectionHook',
-        fault='nan_grad',
+        fault=FAULTS.get(mode, 'nan_grad'),
         iteration=3,
         rank=world - 1,
     )
@@ -111,13 +132,15 @@ def build_cfg(
     cfg['train_dataloader']['dataset'] = dict(type='WaysInToyDataset')
     if slow:  # the preemption save is the only checkpoint
         cfg['default_hooks']['checkpoint']['interval'] = 10 * max_iters
-    if mode == 'flexible':
+    if mode in STRATEGIES:
         cfg['runner_type'] = 'FlexibleRunner'
-        cfg['strategy'] = dict(type='DDPStrategy')
+        cfg['strategy'] = STRATEGIES[mode]
+    if mode == 'deepspeed':
+        cfg['optim_wrapper']['type'] = 'DeepSpeedOptimWrapper'
     if way == 'include':
         cfg['runner_type'] = RUNNER_TYPE
         cfg['nanguard'] = default_protection()
-        if mode == 'flexible':
+        if mode in STRATEGIES:
             cfg['runner_type'] = 'mmnanguard.NanGuardFlexibleRunner'
     elif way == 'twin':
         cfg['nanguard'] = default_protection()
@@ -134,7 +157,6 @@ def main(way: str, mode: str, work_dir: str, max_iters: str, *rest) -> int:
 
     import mmnanguard  # noqa: F401
     from mmnanguard.compat.cpu_distributed import prepare_cpu_distributed
-    from mmnanguard.engine.guard.snapshot import unwrap_model
     from mmnanguard.engine.runner.preemption import (
         EXIT_PREEMPTED,
         TrainingPreempted,
@@ -171,10 +193,7 @@ def main(way: str, mode: str, work_dir: str, max_iters: str, *rest) -> int:
         close_process_group(completed=True)
         return EXIT_PREEMPTED
     rank = torch_dist.get_rank() if torch_dist.is_initialized() else 0
-    state = {
-        k: v.detach().clone()
-        for k, v in unwrap_model(runner.model).state_dict().items()
-    }
+    state = full_state(runner.model)  # FSDP1's shards gathered
     torch.save(state, f'{work_dir}/weights_rank{rank}.pth')
     with open(f'{work_dir}/runner_rank{rank}.txt', 'w') as f:
         f.write(type(runner).__name__)

@@ -5,6 +5,10 @@
   ``--resume`` used to walk through it, writing ``DISCARDED`` and
   rewriting ``report.json`` there. The folder is now opened with
   ``O_NOFOLLOW`` and everything below relative to its descriptor.
+* ``work_dir/nanguard`` swapped for a link after an incident was recorded,
+  to a folder holding an incident folder of the same name: the diagnosis
+  wrote ``report.md`` there. The incident folder is now opened relative to
+  its root's descriptor, both with ``O_NOFOLLOW``.
 * ``work_dir/<config>.py`` a link: mmengine's config dump writes through
   it (shown with the bare ``Runner``); the protected runners replace the
   link by the dump and leave its target alone.
@@ -13,6 +17,7 @@
 import os
 import os.path as osp
 
+import pytest
 import torch
 from mmengine.config import Config
 from mmengine.runner import Runner
@@ -22,8 +27,10 @@ from tree_snapshot import snapshot_tree
 from mmnanguard.engine.incident import (
     DISCARDED_NAME,
     IncidentRecorder,
+    UnsafeIncidentFolderError,
     load_report,
     mark_discarded,
+    write_incident_file,
 )
 from mmnanguard.testing.toy import toy_runner_cfg
 
@@ -78,6 +85,33 @@ def test_resume_marks_nothing_through_a_linked_incident_root(tmp_path):
     runner.train()
     assert runner.iter == 3
     assert snapshot_tree(tmp_path / 'other_run') == before
+
+
+def test_diagnosis_writes_nothing_through_a_root_swapped_for_a_link(
+    tmp_path,
+):
+    (own,) = _incidents(tmp_path / 'work', [4])
+    root = tmp_path / 'work' / 'nanguard'
+    outside = tmp_path / 'outside'
+    (outside / osp.basename(own)).mkdir(parents=True)
+    os.rename(root, tmp_path / 'work' / 'moved')
+    os.symlink(outside, root)
+    before = snapshot_tree(outside)
+    with pytest.raises(UnsafeIncidentFolderError, match='nanguard'):
+        write_incident_file(own, 'report.md', '# report\n')
+    assert snapshot_tree(outside) == before
+
+
+def test_diagnosis_writes_into_a_real_incident_folder(tmp_path):
+    (own,) = _incidents(tmp_path / 'work', [4])
+    assert write_incident_file(own, 'report.md', '# r\n') == osp.join(
+        own, 'report.md'
+    )
+    assert open(osp.join(own, 'report.md')).read() == '# r\n'
+    other = tmp_path / 'copied'  # a folder of any other name: as before
+    other.mkdir()
+    write_incident_file(str(other), 'report.md', 'x')
+    assert (other / 'report.md').read_text() == 'x'
 
 
 def _config_link(tmp_path):

@@ -6,12 +6,14 @@
 #
 #   bash tools/setup/stacks_in_background.sh start STACK...
 #   bash tools/setup/stacks_in_background.sh wait
+#   bash tools/setup/stacks_in_background.sh stop
 #
 # `start` returns at once; its log is work_dirs/stack_setup/setup.log.
 # `wait` blocks until it has ended and prints how it ended; a stack whose
 # setup failed here is set up again (and its error shown) by
 # tools/setup/check_wheel.sh. With every stack up to date both take
-# seconds.
+# seconds. `stop` ends the setup and every process it started (after a
+# failed suite, so that nothing is left compiling).
 set -Eeuo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -56,8 +58,16 @@ case "$ACTION" in
              || echo 'ended without a status') (waited" \
              "$((SECONDS - waited)) s after the suite)"
         ;;
+    stop)
+        [[ -f "$DIR/pid" ]] || exit 0
+        pid="$(cat "$DIR/pid")"
+        rm -f "$DIR/pid"
+        tree() { local c; for c in $(pgrep -P "$1"); do tree "$c"; done; echo "$1"; }
+        kill $(tree "$pid") 2>/dev/null || true
+        echo "[stacks] background setup stopped"
+        ;;
     *)
-        echo "usage: $0 start STACK... | wait" >&2
+        echo "usage: $0 start STACK... | wait | stop" >&2
         exit 2
         ;;
 esac

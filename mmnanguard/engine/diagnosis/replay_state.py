@@ -22,11 +22,13 @@ gradients and its train/eval modes are saved first and restored after the
 replay, so training continues exactly as if no replay had happened. (A deep
 copy of the model cannot be made reliably: mmengine models may hold
 non-leaf tensors, e.g. the last loss terms, which ``copy.deepcopy``
-refuses.) The probe's hooks exist only during the replay.
+refuses.) The probe's hooks exist only during the replay. Hooks that an
+engine put on the parameters' gradient accumulation (DeepSpeed ZeRO) are
+muted during the replay and put back after it.
 """
 
 from contextlib import contextmanager
-from typing import Any, Dict, Iterator, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import torch
 from mmengine.optim import AmpOptimWrapper
@@ -90,6 +92,7 @@ def replay_model(
     }
     grads = [(p, p.grad) for p in model.parameters()]
     modes = [(m, m.training) for m in model.modules()]
+    muted = _mute_gradient_hooks(model)
     try:
         for param, _ in grads:
             param.grad = None
@@ -100,6 +103,25 @@ def replay_model(
             param.grad = grad
         for module, training in modes:
             module.training = training
+        for hooks, entries in muted:
+            hooks.update(entries)
+
+
+def _mute_gradient_hooks(model: nn.Module) -> List[Tuple[dict, dict]]:
+    """Empty the hooks that run when a parameter's gradient is accumulated
+    (``register_post_accumulate_grad_hook``; DeepSpeed ZeRO reduces and
+    partitions the gradient there) for the replay, and return them to put
+    back. A replay's backward through them ran the engine's bookkeeping a
+    second time for one step ("has already been reduced" at the next
+    step). The hooks' own dict is emptied, not replaced: torch calls the
+    hooks in that very dict, and their handles stay valid."""
+    muted = []
+    for param in model.parameters():
+        hooks = getattr(param, '_post_accumulate_grad_hooks', None)
+        if hooks:
+            muted.append((hooks, dict(hooks)))
+            hooks.clear()
+    return muted
 
 
 def amp_settings(

@@ -7,9 +7,11 @@
   renamed over its final name with :func:`os.replace`; then the folder is
   ``fsync``-ed. ``rename(2)`` does not follow a link at the destination: a
   link named ``report.md`` is replaced by the file, never written through.
-* The folder itself is opened with ``O_NOFOLLOW | O_DIRECTORY`` and every
-  operation is relative to that descriptor, so a folder that is a link is
-  refused, and one swapped for a link meanwhile is not followed either.
+* The folder itself is opened with ``O_NOFOLLOW | O_DIRECTORY`` (an
+  incident folder relative to its incident root, opened the same way) and
+  every operation is relative to that descriptor, so a folder that is a
+  link is refused, and one swapped for a link meanwhile is not followed
+  either.
 * A finished incident folder is renamed into place with
   :func:`rename_noreplace`, which never replaces anything.
 
@@ -35,6 +37,7 @@ from mmengine.logging import print_log
 from mmnanguard.fileio.durable_file import discard, write_all
 
 from .names import (
+    INCIDENT_DIR_RE,
     REPORT_NAME,
     TEMP_DIR_PREFIX,
     TEMP_PREFIX,
@@ -80,6 +83,47 @@ def open_folder(folder: str) -> int:
     except OSError as err:
         if err.errno not in (errno.ELOOP, errno.ENOTDIR):
             raise
+    raise UnsafeIncidentFolderError(
+        f'nanguard: refusing to write into {folder!r}: it is '
+        f'{describe_entry(folder)}; expected a real folder (incident '
+        'files are never written through a link)'
+    )
+
+
+def open_incident_folder(folder: str) -> int:
+    """A descriptor of the incident ``folder``, no link followed from the
+    run's work dir down.
+
+    An incident folder (``incident_NNN_iterNNNNNN``) lies in the run's
+    incident root (``work_dir/nanguard``): both are opened with
+    :data:`DIR_FLAGS`, the folder relative to the root's descriptor, so a
+    root swapped for a link after the incident was recorded is not
+    followed either. Any other folder is opened as :func:`open_folder`
+    does.
+
+    Args:
+        folder (str): The incident folder.
+
+    Returns:
+        int: A descriptor opened with :data:`DIR_FLAGS`; the caller closes
+        it.
+
+    Raises:
+        UnsafeIncidentFolderError: The folder or its incident root is a
+            link or not a folder.
+        OSError: It cannot be opened (it does not exist, permissions).
+    """
+    root, name = osp.split(osp.normpath(folder))
+    if not INCIDENT_DIR_RE.match(name):
+        return open_folder(folder)
+    root_fd = open_folder(root)
+    try:
+        return os.open(name, DIR_FLAGS, dir_fd=root_fd)
+    except OSError as err:
+        if err.errno not in (errno.ELOOP, errno.ENOTDIR):
+            raise
+    finally:
+        os.close(root_fd)
     raise UnsafeIncidentFolderError(
         f'nanguard: refusing to write into {folder!r}: it is '
         f'{describe_entry(folder)}; expected a real folder (incident '
@@ -181,7 +225,7 @@ def write_incident_file(folder: str, name: str, data: Payload) -> str:
     _check_name(name)
     path = osp.join(folder, name)
     try:
-        dir_fd = open_folder(folder)
+        dir_fd = open_incident_folder(folder)
         try:
             write_at(dir_fd, name, data)
             os.fsync(dir_fd)

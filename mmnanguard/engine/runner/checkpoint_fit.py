@@ -21,6 +21,10 @@ What is compared, with the built model and optim wrapper:
   optimizer's, and the element-wise buffers (``momentum_buffer``,
   ``exp_avg``, ...) have their parameter's shape.
 
+Before any load, the bytes the file declares are held against the model's
+(:class:`FitCheck`): a file that would allocate far more than a checkpoint
+of this model holds is passed over unread.
+
 Cost: one more secure load of the file (0.3 s for the tiny RetinaNet's
 96 MB checkpoint, measured on a loaded 2-core machine) and a walk over the
 state dicts (16 ms for it); only the checkpoint a resume picks and the
@@ -28,13 +32,18 @@ ones passed over are checked.
 """
 
 import re
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import torch
 from mmengine.model import is_model_wrapper
 from mmengine.optim import OptimWrapperDict
 
 from mmnanguard.compat.checkpoint_allowlist import load_from_local
+from mmnanguard.compat.declared_sizes import (
+    declared_bytes,
+    human,
+    size_problem,
+)
 from mmnanguard.engine.guard.fsdp1_state import loads_through_strategy
 from mmnanguard.fileio.checkpoint_verify import LOAD_ERRORS
 
@@ -50,6 +59,11 @@ ELEMENTWISE_STATE = (
 )
 #: How a problem found by :func:`fit_check` starts.
 NOT_FITTING = 'it does not fit the model or optimizer'
+#: How many times the bytes of the model's parameters and buffers a
+#: checkpoint's records may declare (:class:`FitCheck`), plus
+#: :data:`SLACK_BYTES` (the message hub, the scheduler, small models).
+MODEL_BYTES_FACTOR = 8
+SLACK_BYTES = 64 << 20
 #: mmengine's default ``revise_keys`` of ``Runner.load_checkpoint``.
 MODULE_PREFIX = re.compile(r'^module\.')
 
@@ -174,40 +188,105 @@ def fit_problem(
     return optimizer_problem(saved, optimizer, "'optimizer'")
 
 
-def fit_check(runner: Any) -> Callable[[str], Optional[str]]:
-    """``path -> problem``: :func:`fit_problem` of the file against the
-    runner's model and optim wrapper, after one secure load.
+class FitCheck:
+    """Whether a checkpoint fits the runner about to resume from it.
+
+    :meth:`size_problem` is asked before the file is loaded at all: the
+    bytes its records declare (:func:`~mmnanguard.compat.declared_sizes.
+    declared_bytes`, read off the file without loading it) may be at most
+    :data:`MODEL_BYTES_FACTOR` times the bytes of the model's parameters
+    and buffers, plus :data:`SLACK_BYTES`. A checkpoint holds the weights,
+    the optimizer's moments (two for Adam) and maybe an EMA copy: about 4
+    times. A file that declares more is another model's, or a crafted one
+    that would make the load allocate it. Calling the check (after the
+    secure load) compares the loaded state with the model and optimizer
+    (:func:`fit_problem`).
+
+    Args:
+        runner: The runner about to resume (model and optim wrapper
+            built).
+    """
+
+    def __init__(self, runner: Any) -> None:
+        self.runner = runner
+
+    def size_problem(self, path: str) -> Optional[str]:
+        """Why ``path`` declares more bytes than a checkpoint of this
+        model holds; None when it does not (or cannot be told)."""
+        if loads_through_strategy(self.runner):
+            return None  # FSDP1: the modules hold this rank's shards
+        try:
+            if size_problem(path) is not None:
+                return None  # a bomb by its own size: the verifier names it
+            declared = declared_bytes(path)
+        except OSError:
+            return None  # the load names the file
+        model = self.runner.model
+        own = state_bytes(model.module if is_model_wrapper(model) else model)
+        bound = MODEL_BYTES_FACTOR * own + SLACK_BYTES
+        if declared is None or declared <= bound:
+            return None
+        return (
+            f'{NOT_FITTING}: it declares {human(declared)} of records, more '
+            f"than {MODEL_BYTES_FACTOR} times the {human(own)} of the model's "
+            f'parameters and buffers plus {human(SLACK_BYTES)} (another '
+            "model's checkpoint, or a crafted file); nothing was loaded"
+        )
+
+    def __call__(self, path: str) -> Optional[str]:
+        """Why the loaded ``path`` does not fit, as ``"it does not fit the
+        model or optimizer: ..."``; None when it fits."""
+        try:
+            checkpoint = load_from_local(path, map_location='cpu')
+        except LOAD_ERRORS as err:  # it loaded a moment ago
+            return f'it does not load: {type(err).__name__}: {err}'
+        if loads_through_strategy(self.runner):
+            # FSDP1: this rank's modules hold flat shards, not the full
+            # shapes of the file; FSDP's state-dict API checks them on load
+            return None
+        problem = fit_problem(
+            checkpoint, self.runner.model, self.runner.optim_wrapper
+        )
+        if problem is None:
+            return None
+        return f'{NOT_FITTING}: {problem}'
+
+
+def state_bytes(module: torch.nn.Module) -> int:
+    """The bytes of ``module``'s parameters and buffers (its
+    ``state_dict``'s tensors, each storage once)."""
+    seen, total = set(), 0
+    for tensor in module.state_dict().values():
+        storage = tensor.untyped_storage()
+        key = (storage.data_ptr(), storage.nbytes())
+        if key not in seen:
+            seen.add(key)
+            total += storage.nbytes()
+    return total
+
+
+def fit_check(runner: Any) -> FitCheck:
+    """The :class:`FitCheck` of ``runner``.
 
     Args:
         runner: The runner about to resume (model and optim wrapper
             built).
 
     Returns:
-        callable: Returns a phrase such as ``"it does not fit the model
-        or optimizer: ..."``, or None when the file fits.
+        FitCheck: ``size_problem(path)`` before the load, and called,
+        ``"it does not fit the model or optimizer: ..."`` or None after.
     """
-
-    def check(path: str) -> Optional[str]:
-        try:
-            checkpoint = load_from_local(path, map_location='cpu')
-        except LOAD_ERRORS as err:  # it loaded a moment ago
-            return f'it does not load: {type(err).__name__}: {err}'
-        if loads_through_strategy(runner):
-            # FSDP1: this rank's modules hold flat shards, not the full
-            # shapes of the file; FSDP's state-dict API checks them on load
-            return None
-        problem = fit_problem(checkpoint, runner.model, runner.optim_wrapper)
-        if problem is None:
-            return None
-        return f'{NOT_FITTING}: {problem}'
-
-    return check
+    return FitCheck(runner)
 
 
 __all__ = [
+    'FitCheck',
+    'MODEL_BYTES_FACTOR',
     'NOT_FITTING',
+    'SLACK_BYTES',
     'fit_check',
     'fit_problem',
     'model_problem',
     'optimizer_problem',
+    'state_bytes',
 ]

@@ -30,6 +30,7 @@ from mmnanguard.fileio.checkpoint_verify import (
     truncation_problem,
 )
 from mmnanguard.fileio.durable_file import remove_temp_files
+from mmnanguard.fileio.durable_folder import remove_temp_folders
 
 from .durable_checkpoint_hook import DurableCheckpointHook
 from .preemption import PreemptionHook, PreemptionSignals
@@ -123,7 +124,9 @@ def resume_target(
     """
     chosen = [None, None]  # the path, or the error message
     if is_main_process():
-        for path in remove_temp_files(work_dir):
+        for path in remove_temp_files(work_dir) + remove_temp_folders(
+            work_dir
+        ):
             _log(
                 f'nanguard: removed {path!r}, left by a write that a kill '
                 'interrupted'

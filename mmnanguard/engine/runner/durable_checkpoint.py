@@ -27,26 +27,37 @@ strategy writes into the temporary file through its descriptor
 (``/proc/self/fd/<fd>``, never by the temporary name, which another
 process could swap for a link:
 :func:`~mmnanguard.fileio.durable_file.write_durable_by`), and the file
-is renamed to the checkpoint's name once complete. ``FSDPStrategy``,
-``DeepSpeedStrategy`` and ``ColossalAIStrategy`` write folders of shards
-from every rank and are left as they are.
+is renamed to the checkpoint's name once complete; so is the one file of
+``FSDPStrategy`` with a full state dict. ``FSDPStrategy`` with a local
+state dict and ``DeepSpeedStrategy`` write a folder that every rank
+writes a part of: it is written under a temporary name, every file synced,
+and renamed once every rank has written (:func:`save_in_parts`). Other
+strategies (``ColossalAIStrategy``, a subclass's own ``save_checkpoint``)
+are left as they are.
 
 Cost: one ``fsync`` of the checkpoint and one of its folder per save (the
 data is written once, as before; mmengine already holds the whole
 serialized checkpoint in memory before writing it).
 """
 
+import importlib
 import os.path as osp
 from pathlib import Path
 from typing import Any, Callable, Optional, Union
 
 import mmengine
 from mmengine._strategy import DDPStrategy, SingleDeviceStrategy
-from mmengine.dist import is_main_process
+from mmengine.dist import barrier, is_main_process
 from mmengine.fileio import LocalBackend, register_backend
 from mmengine.fileio.backends import backends as registered_backends
 
 from mmnanguard.fileio.durable_file import write_durable, write_durable_by
+from mmnanguard.fileio.durable_folder import (
+    publish_folder,
+    remove_temp_folders_of,
+    sync_folder,
+    temp_folder_path,
+)
 
 #: The name of :class:`DurableLocalBackend` in mmengine's backend registry.
 BACKEND_NAME = 'nanguard_durable_local'
@@ -128,11 +139,76 @@ _ONE_FILE_SAVES = (
 )
 
 
+def _strategy_class(module: str, name: str) -> Optional[type]:
+    """mmengine's strategy ``name``, or None where it cannot be imported
+    (``DeepSpeedStrategy`` imports without deepspeed)."""
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError):
+        return None
+
+
+def _own_save_of(strategy: Any, module: str, name: str) -> bool:
+    """Whether ``strategy`` saves with mmengine's ``name`` strategy's own
+    ``save_checkpoint`` (as mended; not a subclass's own)."""
+    cls = _strategy_class(module, name)
+    return (
+        cls is not None
+        and isinstance(strategy, cls)
+        and type(strategy).save_checkpoint is cls.save_checkpoint
+    )
+
+
+def _fsdp_full(strategy: Any) -> bool:
+    return _own_save_of(
+        strategy, 'mmengine._strategy.fsdp', 'FSDPStrategy'
+    ) and bool(strategy._is_full_state_dict())
+
+
 def writes_one_file(strategy: Any) -> bool:
     """Whether ``strategy`` saves a checkpoint as one file written by the
-    main process (its ``save_checkpoint`` is ``SingleDeviceStrategy``'s or
-    ``DDPStrategy``'s, not a sharding strategy's or a subclass's own)."""
-    return type(strategy).save_checkpoint in _ONE_FILE_SAVES
+    main process: ``SingleDeviceStrategy``'s or ``DDPStrategy``'s
+    ``save_checkpoint``, or ``FSDPStrategy``'s with a full state dict (not
+    a subclass's own)."""
+    return type(strategy).save_checkpoint in _ONE_FILE_SAVES or _fsdp_full(
+        strategy
+    )
+
+
+def writes_shards(strategy: Any) -> bool:
+    """Whether ``strategy`` saves a checkpoint as a folder that every rank
+    writes a part of: ``FSDPStrategy`` with a local (sharded) state dict,
+    ``DeepSpeedStrategy`` (not a subclass's own ``save_checkpoint``)."""
+    fsdp = _own_save_of(strategy, 'mmengine._strategy.fsdp', 'FSDPStrategy')
+    return (fsdp and not _fsdp_full(strategy)) or _own_save_of(
+        strategy, 'mmengine._strategy.deepspeed', 'DeepSpeedStrategy'
+    )
+
+
+def save_in_parts(save: Callable[[str], None], path: str) -> None:
+    """``save(temp)`` on every rank into the temporary name of ``path``,
+    published under ``path`` once every rank has written and synced its
+    parts (:mod:`mmnanguard.fileio.durable_folder`).
+
+    Three barriers: the temporary folder is prepared before any rank
+    writes, every part is synced before the rename, and the rename is
+    done before any rank goes on (a resume or a rollback reads ``path``).
+
+    Args:
+        save (callable): Saves the checkpoint under the name given.
+        path (str): The checkpoint's final name.
+    """
+    temp = temp_folder_path(path)
+    if is_main_process():
+        mmengine.mkdir_or_exist(osp.dirname(path))
+        remove_temp_folders_of(path)
+    barrier()
+    save(temp)
+    sync_folder(temp)
+    barrier()
+    if is_main_process():
+        publish_folder(temp, path)
+    barrier()
 
 
 def save_strategy_checkpoint(
@@ -146,7 +222,10 @@ def save_strategy_checkpoint(
     """``save(name)`` (``FlexibleRunner.save_checkpoint`` with the file
     name ``name`` in ``out_dir``), durable where it can be: a local
     one-file checkpoint is written under a temporary name and renamed to
-    ``filename`` once complete (by the main process, which writes it).
+    ``filename`` once complete (by the main process, which writes it); a
+    local checkpoint that every rank writes a part of is written into a
+    temporary folder, synced and renamed once every rank has written
+    (:func:`save_in_parts`).
 
     Args:
         save (callable): Saves the checkpoint under the name given (an
@@ -162,11 +241,13 @@ def save_strategy_checkpoint(
             written.
     """
     durable = durable_backend_args(out_dir, backend_args, file_client_args)
-    if (
-        durable != {'backend': BACKEND_NAME}
-        or not writes_one_file(strategy)
-        or not is_main_process()
-    ):
+    if durable != {'backend': BACKEND_NAME}:
+        save(filename)
+        return
+    if writes_shards(strategy):
+        save_in_parts(save, osp.join(out_dir, filename))
+        return
+    if not writes_one_file(strategy) or not is_main_process():
         save(filename)  # the main process writes; the others pass
         return
     mmengine.mkdir_or_exist(out_dir)
@@ -176,8 +257,10 @@ def save_strategy_checkpoint(
 
 __all__ = [
     'BACKEND_NAME',
+    'save_in_parts',
     'save_strategy_checkpoint',
     'writes_one_file',
+    'writes_shards',
     'DurableLocalBackend',
     'durable_backend_args',
     'is_local',

@@ -38,19 +38,16 @@ a load, once per run).
 
 import os.path as osp
 from dataclasses import dataclass, field
-from typing import Callable, List, Optional, Tuple
+from typing import List, Optional, Tuple
 
 from mmnanguard.fileio.checkpoint_verify import (
     candidate_checkpoints,
     checkpoint_problem,
 )
 
-from .checkpoint_fit import NOT_FITTING
+from .checkpoint_fit import NOT_FITTING, FitCheck
 from .last_checkpoint_file import read_checked_last_checkpoint
 from .resume_errors import CheckpointValueError, UnusableCheckpointError
-
-#: ``path -> problem``: why a checkpoint that loads does not fit the run.
-FitCheck = Callable[[str], Optional[str]]
 
 
 @dataclass
@@ -104,7 +101,9 @@ def _same_file(a: Optional[str], b: Optional[str]) -> bool:
 
 
 def _usable_problem(path: str, fit: Optional[FitCheck]) -> Optional[str]:
-    problem = checkpoint_problem(path, load=True)
+    problem = None if fit is None else fit.size_problem(path)
+    if problem is None:
+        problem = checkpoint_problem(path, load=True)
     if problem is None and fit is not None:
         problem = fit(path)
     return problem
@@ -148,9 +147,10 @@ def choose_resume_checkpoint(
         load_from (str, optional): The checkpoint asked for by name
             (``Runner(load_from=..., resume=True)``); None: the work dir's
             latest.
-        fit (callable, optional): ``path -> problem``, why a checkpoint
-            that loads does not fit the run (:func:`~.checkpoint_fit.
-            fit_check`); such a file is passed over like a truncated one.
+        fit (FitCheck, optional): Why a checkpoint declares more than
+            this model's checkpoint holds (asked before it is loaded), or
+            loads but does not fit the run (:class:`~.checkpoint_fit.
+            FitCheck`); such a file is passed over like a truncated one.
             None: not checked.
 
     Returns:
