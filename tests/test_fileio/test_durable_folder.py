@@ -20,10 +20,11 @@ from mmnanguard.engine.runner.durable_checkpoint import save_in_parts
 from mmnanguard.fileio.durable_folder import (
     OLD_FOLDER_SUFFIX,
     TEMP_FOLDER_SUFFIX,
-    publish_folder,
+    make_private_folder,
+    publish,
     remove_temp_folders,
-    sync_folder,
-    temp_folder_path,
+    sync_tree,
+    written_path,
 )
 
 
@@ -41,12 +42,16 @@ def _contents(folder) -> dict:
     }
 
 
-def test_the_temporary_name_is_hidden_and_the_same_everywhere(tmp_path):
+def test_the_private_folder_is_hidden_new_and_private(tmp_path):
     path = str(tmp_path / 'iter_4.pth')
-    assert temp_folder_path(path) == str(
-        tmp_path / f'.iter_4.pth{TEMP_FOLDER_SUFFIX}'
-    )
-    assert temp_folder_path(path + '/') == temp_folder_path(path)
+    first, second = make_private_folder(path), make_private_folder(path)
+    assert first != second
+    for private in (first, second):
+        name = osp.basename(private)
+        assert name.startswith('.iter_4.pth.')
+        assert name.endswith(TEMP_FOLDER_SUFFIX)
+        assert os.stat(private).st_mode & 0o777 == 0o700
+        assert written_path(private, path) == osp.join(private, 'iter_4.pth')
 
 
 def test_save_in_parts_publishes_what_was_written(tmp_path):
@@ -59,7 +64,9 @@ def test_save_in_parts_publishes_what_was_written(tmp_path):
         _write_parts(name, parts)
 
     save_in_parts(save, path)
-    assert names == [temp_folder_path(path)]
+    (name,) = names
+    assert osp.basename(name) == 'iter_4.pth'
+    assert osp.basename(osp.dirname(name)).endswith(TEMP_FOLDER_SUFFIX)
     assert _contents(path) == parts
     assert os.listdir(tmp_path) == ['iter_4.pth']
 
@@ -87,9 +94,13 @@ def test_a_failed_write_publishes_nothing(tmp_path):
     with pytest.raises(OSError, match='No space'):
         save_in_parts(save, path)
     assert not osp.exists(path)
-    # the next write starts from an empty temporary folder
+    # the next write goes into a new private folder; the resume's cleanup
+    # removes the old one
     save_in_parts(lambda name: _write_parts(name, {'rank1.pth': b'1'}), path)
     assert _contents(path) == {'rank1.pth': b'1'}
+    (left,) = [n for n in os.listdir(tmp_path) if n != 'iter_4.pth']
+    assert remove_temp_folders(str(tmp_path)) == [str(tmp_path / left)]
+    assert os.listdir(tmp_path) == ['iter_4.pth']
 
 
 def test_a_folder_already_there_is_replaced_whole(tmp_path):
@@ -107,40 +118,58 @@ def test_a_link_at_any_name_is_not_followed(tmp_path):
     work.mkdir()
     path = str(work / 'iter_4.pth')
     os.symlink(victim, path)
-    os.symlink(victim, temp_folder_path(path))
     os.symlink(victim, str(work / f'.iter_4.pth{OLD_FOLDER_SUFFIX}'))
     save_in_parts(lambda name: _write_parts(name, {'rank0.pth': b'n'}), path)
     assert _contents(path) == {'rank0.pth': b'n'}
     assert not osp.islink(path)
     assert _contents(victim) == {'keep.txt': b'keep'}
+    # the planted old-name link is not the old folder: it stays, unfollowed
+    # until the resume's cleanup unlinks it
+    assert remove_temp_folders(str(work)) == [
+        str(work / f'.iter_4.pth{OLD_FOLDER_SUFFIX}')
+    ]
     assert sorted(os.listdir(work)) == ['iter_4.pth']
+    assert _contents(victim) == {'keep.txt': b'keep'}
 
 
-def test_sync_folder_syncs_every_file_and_skips_links(tmp_path):
+def test_a_folder_is_not_renamed_over_an_old_file(tmp_path):
+    path = str(tmp_path / 'iter_4.pth')
+    open(path, 'wb').write(b'an older one-file checkpoint')
+    save_in_parts(lambda name: _write_parts(name, {'rank0.pth': b'0'}), path)
+    assert _contents(path) == {'rank0.pth': b'0'}
+
+
+def test_sync_tree_syncs_every_file_and_skips_links(tmp_path):
     folder = tmp_path / 'parts'
     _write_parts(str(folder), {'a': b'1', 'b': b'2'})
     _write_parts(str(folder / 'sub'), {'c': b'3'})
     os.symlink(tmp_path / 'nowhere', folder / 'link')
-    assert sync_folder(str(folder)) == 3
+    assert sync_tree(str(folder)) == 3
     single = tmp_path / 'one.pth'
     single.write_bytes(b'x')
-    assert sync_folder(str(single)) == 1
+    assert sync_tree(str(single)) == 1
+    with pytest.raises(FileNotFoundError):
+        sync_tree(str(tmp_path / 'never_written'))
 
 
-def test_publish_over_a_file(tmp_path):
+def test_publish_replaces_an_older_file_atomically(tmp_path):
     path = str(tmp_path / 'iter_4.pth')
-    open(path, 'wb').write(b'an older one-file checkpoint')
-    temp = temp_folder_path(path)
-    _write_parts(temp, {'rank0.pth': b'0'})
-    publish_folder(temp, path)
-    assert _contents(path) == {'rank0.pth': b'0'}
+    open(path, 'wb').write(b'old')
+    private = make_private_folder(path)
+    open(written_path(private, path), 'wb').write(b'new')
+    publish(private, path)
+    assert open(path, 'rb').read() == b'new'
+    assert os.listdir(tmp_path) == ['iter_4.pth']
 
 
 def test_remove_temp_folders_removes_only_what_a_write_left(tmp_path):
     victim = tmp_path / 'victim'
     _write_parts(str(victim), {'keep.txt': b'keep'})
     work = tmp_path / 'work'
-    _write_parts(str(work / '.iter_2.pth.nanguard-tmpdir'), {'rank0.pth': b''})
+    _write_parts(
+        str(work / '.iter_2.pth.x1y2.nanguard-tmpdir' / 'iter_2.pth'),
+        {'rank0.pth': b''},
+    )
     _write_parts(str(work / '.iter_1.pth.nanguard-olddir'), {'rank0.pth': b''})
     os.symlink(victim, work / '.iter_3.pth.nanguard-tmpdir')
     _write_parts(str(work / 'iter_2.pth'), {'rank0.pth': b'done'})
@@ -148,7 +177,7 @@ def test_remove_temp_folders_removes_only_what_a_write_left(tmp_path):
     removed = remove_temp_folders(str(work))
     assert sorted(osp.basename(p) for p in removed) == [
         '.iter_1.pth.nanguard-olddir',
-        '.iter_2.pth.nanguard-tmpdir',
+        '.iter_2.pth.x1y2.nanguard-tmpdir',
         '.iter_3.pth.nanguard-tmpdir',
     ]
     assert sorted(os.listdir(work)) == ['iter_2.pth', 'nanguard-tmpdir']
@@ -161,7 +190,7 @@ KILLED_WRITER = textwrap.dedent(
     from mmnanguard.engine.runner.durable_checkpoint import save_in_parts
 
     def save(name):
-        os.makedirs(name)
+        os.makedirs(name)  # FSDP's and DeepSpeed's own mkdir
         with open(os.path.join(name, 'rank0.pth'), 'wb') as f:
             f.write(b'0' * 4096)
         open(sys.argv[2], 'w').close()  # the first part is written
@@ -191,6 +220,9 @@ def test_a_kill_mid_write_leaves_the_name_absent(tmp_path):
         proc.wait()
     assert proc.returncode == -signal.SIGKILL
     assert not osp.exists(path)  # no folder with a part missing
-    assert os.listdir(work) == [osp.basename(temp_folder_path(path))]
-    assert remove_temp_folders(str(work)) == [temp_folder_path(path)]
+    (left,) = os.listdir(work)
+    assert left.startswith('.iter_4.pth.') and left.endswith(
+        TEMP_FOLDER_SUFFIX
+    )
+    assert remove_temp_folders(str(work)) == [str(work / left)]
     assert os.listdir(work) == []

@@ -30,8 +30,9 @@ process could swap for a link:
 is renamed to the checkpoint's name once complete; so is the one file of
 ``FSDPStrategy`` with a full state dict. ``FSDPStrategy`` with a local
 state dict and ``DeepSpeedStrategy`` write a folder that every rank
-writes a part of: it is written under a temporary name, every file synced,
-and renamed once every rank has written (:func:`save_in_parts`). Other
+writes a part of: it is written inside a private temporary folder
+(``mkdtemp``), every file synced, and renamed once every rank has written
+(:func:`save_in_parts`). Other
 strategies (``ColossalAIStrategy``, a subclass's own ``save_checkpoint``)
 are left as they are.
 
@@ -47,16 +48,16 @@ from typing import Any, Callable, Optional, Union
 
 import mmengine
 from mmengine._strategy import DDPStrategy, SingleDeviceStrategy
-from mmengine.dist import barrier, is_main_process
+from mmengine.dist import barrier, broadcast_object_list, is_main_process
 from mmengine.fileio import LocalBackend, register_backend
 from mmengine.fileio.backends import backends as registered_backends
 
 from mmnanguard.fileio.durable_file import write_durable, write_durable_by
 from mmnanguard.fileio.durable_folder import (
-    publish_folder,
-    remove_temp_folders_of,
-    sync_folder,
-    temp_folder_path,
+    make_private_folder,
+    publish,
+    sync_tree,
+    written_path,
 )
 
 #: The name of :class:`DurableLocalBackend` in mmengine's backend registry.
@@ -186,28 +187,31 @@ def writes_shards(strategy: Any) -> bool:
 
 
 def save_in_parts(save: Callable[[str], None], path: str) -> None:
-    """``save(temp)`` on every rank into the temporary name of ``path``,
-    published under ``path`` once every rank has written and synced its
-    parts (:mod:`mmnanguard.fileio.durable_folder`).
+    """``save(name)`` on every rank, ``name`` being ``path``'s name inside
+    a private folder that the main process made; published under
+    ``path`` once every rank has written and synced its parts
+    (:mod:`mmnanguard.fileio.durable_folder`).
 
-    Three barriers: the temporary folder is prepared before any rank
-    writes, every part is synced before the rename, and the rename is
-    done before any rank goes on (a resume or a rollback reads ``path``).
+    One broadcast (the private folder's name, made before any rank
+    writes) and two barriers: every part is synced before the rename, and
+    the rename is done before any rank goes on (a resume or a rollback
+    reads ``path``).
 
     Args:
         save (callable): Saves the checkpoint under the name given.
         path (str): The checkpoint's final name.
     """
-    temp = temp_folder_path(path)
+    private = [None]
     if is_main_process():
         mmengine.mkdir_or_exist(osp.dirname(path))
-        remove_temp_folders_of(path)
-    barrier()
-    save(temp)
-    sync_folder(temp)
+        private = [make_private_folder(path)]
+    broadcast_object_list(private)
+    written = written_path(private[0], path)
+    save(written)
+    sync_tree(written)
     barrier()
     if is_main_process():
-        publish_folder(temp, path)
+        publish(private[0], path)
     barrier()
 
 
@@ -223,9 +227,9 @@ def save_strategy_checkpoint(
     name ``name`` in ``out_dir``), durable where it can be: a local
     one-file checkpoint is written under a temporary name and renamed to
     ``filename`` once complete (by the main process, which writes it); a
-    local checkpoint that every rank writes a part of is written into a
-    temporary folder, synced and renamed once every rank has written
-    (:func:`save_in_parts`).
+    local checkpoint that every rank writes a part of is written inside a
+    private temporary folder, synced and renamed once every rank has
+    written (:func:`save_in_parts`).
 
     Args:
         save (callable): Saves the checkpoint under the name given (an
