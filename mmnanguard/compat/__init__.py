@@ -21,6 +21,8 @@ mend                                   needed by
                                        without the 1-bit optimizers (0.19.8)
 :mod:`.deepspeed_checkpoint_hooks`     mmengine <= 0.10.7 with deepspeed
                                        (checkpoint hooks never called)
+:mod:`.deepspeed_checkpoint_load`      deepspeed 0.19.8 (every checkpoint
+                                       part loaded weights_only=False)
 :mod:`.deepspeed_cpu_comm`             deepspeed 0.19.8 on a CPU (a C++ op
                                        compiled at start)
 :mod:`.cpu_distributed` (on demand)    mmengine <= 0.10.7, CPU-only torch
@@ -35,6 +37,7 @@ from . import (
     checkpoint_allowlist,
     collections_sequence,
     deepspeed_checkpoint_hooks,
+    deepspeed_checkpoint_load,
     deepspeed_cpu_comm,
     deepspeed_optimizers,
     fork_config_scopes,
@@ -61,6 +64,7 @@ def apply_all() -> Dict[str, bool]:
     APPLIED['fork_config_scopes'] = fork_config_scopes.apply()
     APPLIED['deepspeed_optimizers'] = deepspeed_optimizers.apply()
     APPLIED['deepspeed_checkpoint_hooks'] = deepspeed_checkpoint_hooks.apply()
+    APPLIED['deepspeed_checkpoint_load'] = deepspeed_checkpoint_load.apply()
     APPLIED['deepspeed_cpu_comm'] = deepspeed_cpu_comm.apply()
     APPLIED['fsdp1_cpu'] = fsdp1_cpu.apply()
     return dict(APPLIED)

@@ -259,9 +259,31 @@ def load_from_local(filename: str, map_location: Any = None) -> dict:
     filename = osp.expanduser(filename)
     if not osp.isfile(filename):
         raise FileNotFoundError(f'{filename} can not be found.')
+    return load_with_allowlist(
+        filename, mmengine_checkpoint_globals(), map_location
+    )
+
+
+def load_with_allowlist(
+    filename: str, entries: List[Any], map_location: Any = None
+) -> Any:
+    """A checkpoint file loaded with ``weights_only=True`` and ``entries``
+    in scope (after the check of its declared sizes), then checked
+    (:func:`check_loaded`).
+
+    Args:
+        filename (str): The file.
+        entries (list): The allowlist (:func:`mmengine_checkpoint_globals`
+            and what a strategy's checkpoint adds to it).
+        map_location: Same as :func:`torch.load`.
+
+    Raises:
+        UntrustedCheckpointError: The file holds globals or calls outside
+            ``entries``; nothing from it was run.
+    """
     checkpoint = weights_only_load(
         filename,
-        mmengine_checkpoint_globals(),
+        entries,
         what='checkpoint',
         error=UntrustedCheckpointError,
         map_location=map_location,
@@ -345,6 +367,7 @@ __all__ = [
     'checked_dtype',
     'is_needed',
     'load_from_local',
+    'load_with_allowlist',
     'mmengine_checkpoint_globals',
     'numpy_globals',
     'scoped_loader',

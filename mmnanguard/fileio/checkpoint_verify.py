@@ -30,7 +30,9 @@ Cost of the checks
 
 Which files are candidates
 --------------------------
-The regular files named ``iter_<n>.pth`` or ``epoch_<n>.pth`` (the names
+The regular files (or, from a strategy that writes every rank's part,
+folders: :mod:`.checkpoint_folder`) named ``iter_<n>.pth`` or
+``epoch_<n>.pth`` (the names
 ``CheckpointHook`` and the preemption save write) directly in the work
 dir, plus the file that ``<work_dir>/last_checkpoint`` names and the
 ``iter_/epoch_`` files next to it (``CheckpointHook(out_dir=...)`` saves
@@ -49,10 +51,13 @@ import pickletools
 import re
 import stat
 import zipfile
-from typing import List, Optional, Tuple
+from typing import Any, Callable, List, Optional, Set, Tuple
 
 from mmnanguard.compat.checkpoint_allowlist import load_from_local
 from mmnanguard.compat.declared_sizes import size_problem
+from mmnanguard.compat.deepspeed_checkpoint_load import load_checkpoint_part
+
+from .checkpoint_folder import checkpoint_parts
 
 #: The names of the checkpoints that are candidates.
 CHECKPOINT_NAME = re.compile(r'^(?:iter|epoch)_(\d+)\.pth$')
@@ -74,6 +79,10 @@ LOAD_ERRORS = (
 )
 #: The keys every mmengine checkpoint has.
 REQUIRED_KEYS = ('meta', 'state_dict')
+#: The keys of the part of a checkpoint folder that holds the run's state
+#: (``FlexibleRunner`` hands them to every strategy; DeepSpeed keeps the
+#: weights under ``module``).
+FOLDER_KEYS = ('meta', 'message_hub')
 
 
 def _one_line(err: BaseException) -> str:
@@ -81,57 +90,73 @@ def _one_line(err: BaseException) -> str:
     return f'{type(err).__name__}: {text[:300]}'
 
 
-def _structure_problem(path: str, size: int) -> Optional[str]:
-    """The cheap check: zip central directory and ``data.pkl``."""
+def _structure_problem(
+    path: str, size: int, required: Tuple[str, ...] = REQUIRED_KEYS
+) -> Optional[str]:
+    """The cheap check: zip central directory and ``data.pkl``, which
+    names every key of ``required``."""
+    problem, strings = _read_structure(path, size)
+    if problem is not None:
+        return problem
+    missing = [key for key in required if key not in strings]
+    if missing:
+        return f'it has no {missing} (not an mmengine checkpoint)'
+    return None
+
+
+def _read_structure(path: str, size: int) -> Tuple[Optional[str], Set[str]]:
+    """Why ``path`` is no complete ``torch.save`` zip, or the strings its
+    ``data.pkl`` holds (read without unpickling)."""
     try:
         archive = zipfile.ZipFile(path)
     except zipfile.BadZipFile as err:
         return (
             'it is not a complete zip archive (cut short by a kill or a '
             f'full disk, or not a torch.save file): {err}'
-        )
+        ), set()
     except (OSError, RuntimeError, ValueError, EOFError) as err:
-        return f'its zip structure cannot be read: {_one_line(err)}'
+        return f'its zip structure cannot be read: {_one_line(err)}', set()
     with archive:
         infos = archive.infolist()
         problem = size_problem(path)
         if problem is not None:
-            return problem
+            return problem, set()
         pickles = [i for i in infos if i.filename.endswith('/data.pkl')]
         if len(pickles) != 1:
-            return 'it holds no data.pkl entry (not a torch.save file)'
+            return 'it holds no data.pkl entry (not a torch.save file)', set()
         for info in infos:
             if info.header_offset + info.compress_size > size:
                 return (
                     f'its entry {info.filename!r} ends past the end of the '
                     'file'
-                )
+                ), set()
         try:
             data = archive.read(pickles[0])  # checks the CRC
         except (zipfile.BadZipFile, OSError, RuntimeError, EOFError) as err:
-            return f'its data.pkl is damaged: {_one_line(err)}'
+            return f'its data.pkl is damaged: {_one_line(err)}', set()
     strings = set()
     try:
         for opcode, arg, _ in pickletools.genops(data):
             if 'UNICODE' in opcode.name and isinstance(arg, str):
                 strings.add(arg)
     except (ValueError, EOFError, KeyError) as err:
-        return f'its data.pkl is damaged: {_one_line(err)}'
-    missing = [key for key in REQUIRED_KEYS if key not in strings]
-    if missing:
-        return f'it has no {missing} (not an mmengine checkpoint)'
-    return None
+        return f'its data.pkl is damaged: {_one_line(err)}', set()
+    return None, strings
 
 
-def _load_problem(path: str) -> Optional[str]:
+def _load_problem(
+    path: str,
+    required: Tuple[str, ...] = REQUIRED_KEYS,
+    load: Callable[..., Any] = load_from_local,
+) -> Optional[str]:
     """The full check: one secure load."""
     try:
-        checkpoint = load_from_local(path, map_location='cpu')
+        checkpoint = load(path, map_location='cpu')
     except LOAD_ERRORS as err:
         return f'it does not load: {_one_line(err)}'
     if not isinstance(checkpoint, dict):
         return f'it holds a {type(checkpoint).__name__}, not a dict'
-    missing = [key for key in REQUIRED_KEYS if key not in checkpoint]
+    missing = [key for key in required if key not in checkpoint]
     if missing:
         return f'it has no {missing} (not an mmengine checkpoint)'
     meta = checkpoint['meta']
@@ -160,6 +185,8 @@ def checkpoint_problem(path: str, load: bool = False) -> Optional[str]:
         return 'it does not exist'
     except OSError as err:
         return f'it cannot be read: {_one_line(err)}'
+    if stat.S_ISDIR(os.lstat(path).st_mode):
+        return _folder_problem(path, load)
     if not stat.S_ISREG(info.st_mode):
         return 'it is not a regular file'
     if info.st_size == 0:
@@ -168,6 +195,32 @@ def checkpoint_problem(path: str, load: bool = False) -> Optional[str]:
     if problem is None and load:
         problem = _load_problem(path)
     return problem
+
+
+def _folder_problem(path: str, load: bool) -> Optional[str]:
+    """:func:`checkpoint_problem` of a folder that every rank wrote a part
+    of (DeepSpeed, FSDP1 local): every part a complete ``torch.save``
+    file, one of them holding the run's state (:data:`FOLDER_KEYS`)."""
+    problem, parts = checkpoint_parts(path)
+    if problem is not None:
+        return problem
+    holder = None
+    for part in parts:
+        name, size = osp.basename(part), os.stat(part).st_size
+        if size == 0:
+            return f'its part {name!r} is empty'
+        problem, strings = _read_structure(part, size)
+        if problem is not None:
+            return f'its part {name!r}: {problem}'
+        if holder is None and all(key in strings for key in FOLDER_KEYS):
+            holder = part
+    if holder is None:
+        return f'none of its parts holds {list(FOLDER_KEYS)}'
+    if load:
+        problem = _load_problem(holder, FOLDER_KEYS, load_checkpoint_part)
+        if problem is not None:
+            return f'its part {osp.basename(holder)!r}: {problem}'
+    return None
 
 
 def truncation_problem(path: str) -> Optional[str]:
@@ -243,7 +296,8 @@ def _numbered_files(folder: str) -> List[str]:
             continue
         path = osp.join(folder, name)
         try:
-            if stat.S_ISREG(os.lstat(path).st_mode):
+            mode = os.lstat(path).st_mode  # a link is no candidate
+            if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
                 found.append(path)
         except OSError:
             continue

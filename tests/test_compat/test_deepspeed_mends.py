@@ -31,6 +31,7 @@ def test_without_deepspeed_nothing_is_mended():
     for name in (
         'deepspeed_optimizers',
         'deepspeed_checkpoint_hooks',
+        'deepspeed_checkpoint_load',
         'deepspeed_cpu_comm',
     ):
         assert APPLIED[name] is False, name

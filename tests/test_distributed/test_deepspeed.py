@@ -179,8 +179,15 @@ def test_deepspeed_skip_partition_check_and_resume(tmp_path, stage, resume):
         return
     # a protected resume continues from iter_6, with the guard's counters
     log = _train(tmp_path, work, stage, max_iters=8, resume=True)
-    assert 'iter_6.pth' in log, log[-4000:]
+    # resumed from the folder iter_6.pth (before the checks of folder
+    # checkpoints, the resume passed over it and trained from scratch:
+    # the faults of iterations 1 and 3 fired again)
+    assert f"resuming from '{work}/iter_6.pth'" in log, log[-4000:]
+    assert 'resumed epoch: 0, iter: 6' in log, log[-4000:]
+    assert 'training starts from scratch' not in log
     assert "'incidents': 3" in log, log[-4000:]
+    # the fault of iteration 1 fired once, in the first run
+    assert len(glob.glob(str(work / 'nanguard' / '*_iter000001_rank0'))) == 1
     assert osp.isdir(work / 'iter_8.pth')
     resumed = [_load(work / f'weights_rank{r}.pth') for r in (0, 1)]
     for name, value in resumed[0].items():

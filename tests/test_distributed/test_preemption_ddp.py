@@ -1,14 +1,17 @@
 # Copyright (c) mmnanguard contributors. All rights reserved.
-"""Preemption under DDP: ``NanGuardRunner`` + DDP and
-``NanGuardFlexibleRunner`` + ``DDPStrategy``, 2 CPU processes over gloo
-started by torchrun (``ways_in_worker.py``, the include way, ``slow``).
+"""Preemption under DDP, FSDP1 and DeepSpeed: ``NanGuardRunner`` + DDP and
+``NanGuardFlexibleRunner`` with ``DDPStrategy``, ``FSDPStrategy`` (full
+state dicts) and ``DeepSpeedStrategy`` (ZeRO-2, the development stack), 2
+CPU processes over gloo started by torchrun (``ways_in_worker.py``, the
+include way, ``slow``).
 
 Each iteration of the worker ends by writing a marker and sleeping 0.5 s.
 On rank 1's marker of iteration 4 the test sends SIGTERM to every rank, or
 to rank 1 only. The signal lands during iteration 4's sleep, so the step of
 iteration 5 carries the flag in the guard's ``all_reduce`` and every rank
 stops after iteration 5: one checkpoint ``iter_5.pth`` (the periodic
-checkpoints are off), named by ``last_checkpoint``, complete and finite;
+checkpoints are off; DeepSpeed's is a folder of every rank's partition),
+named by ``last_checkpoint``, complete and finite;
 every rank records ``TrainingPreempted`` at that iteration and exits 4
 (``EXIT_PREEMPTED``). torchrun itself exits 1 (a failed worker group,
 whatever the status): its summary names the first rank to exit, status 4,
@@ -20,6 +23,7 @@ weights on both ranks.
 """
 
 import glob
+import importlib.util
 import json
 import os
 import os.path as osp
@@ -36,6 +40,13 @@ from integration_utils import REPO, run_script
 from mmnanguard.engine.runner.preemption import EXIT_PREEMPTED
 from mmnanguard.testing.distributed import free_port, torchrun_args
 from mmnanguard.testing.tiny_configs import tensors_all_finite
+
+needs_deepspeed = pytest.mark.skipif(
+    importlib.util.find_spec('deepspeed') is None,
+    reason='deepspeed is installed in the development stack only',
+)
+#: DeepSpeed writes a checkpoint as a folder: the model states are here.
+DEEPSPEED_MODEL_STATES = 'mp_rank_00_model_states.pt'
 
 HERE = osp.dirname(osp.abspath(__file__))
 WORKER = osp.join(HERE, 'ways_in_worker.py')
@@ -90,7 +101,39 @@ def _preempted_run(mode, work, targets):
     return proc.returncode, out
 
 
-@pytest.mark.parametrize('mode', ['runner', 'flexible'])
+def _checkpoint(path: str, mode: str) -> dict:
+    """The checkpoint ``path``: ``meta``, ``state_dict`` and the optimizer
+    state (DeepSpeed: read from the folder, every rank's partition)."""
+    if mode != 'deepspeed':
+        return torch.load(path, map_location='cpu', weights_only=False)
+    states = torch.load(
+        osp.join(path, DEEPSPEED_MODEL_STATES),
+        map_location='cpu',
+        weights_only=False,
+    )
+    partitions = sorted(glob.glob(osp.join(path, '*optim_states.pt')))
+    assert len(partitions) == 2, partitions
+    return dict(
+        meta=states['meta'],
+        state_dict=states['module'],
+        optimizer=[
+            torch.load(p, map_location='cpu', weights_only=False)[
+                'optimizer_state_dict'
+            ]
+            for p in partitions
+        ],
+    )
+
+
+@pytest.mark.parametrize(
+    'mode',
+    [
+        'runner',
+        'flexible',
+        'fsdp1',
+        pytest.param('deepspeed', marks=needs_deepspeed),
+    ],
+)
 @pytest.mark.parametrize('targets', [(0, 1), (1,)], ids=['all', 'rank1'])
 def test_sigterm_saves_once_exits_4_and_resumes(mode, targets, tmp_path):
     work = tmp_path / 'work'
@@ -121,7 +164,7 @@ def test_sigterm_saves_once_exits_4_and_resumes(mode, targets, tmp_path):
     assert not glob.glob(str(work / '*.tmp*')) + glob.glob(str(work / '.*'))
     named = (work / 'last_checkpoint').read_text().strip()
     assert named == str(work / f'iter_{STOP_AT}.pth')
-    ckpt = torch.load(named, map_location='cpu', weights_only=False)
+    ckpt = _checkpoint(named, mode)
     assert ckpt['meta']['iter'] == STOP_AT
     assert tensors_all_finite(ckpt['state_dict'])
     assert tensors_all_finite(ckpt['optimizer'])
@@ -134,11 +177,7 @@ def test_sigterm_saves_once_exits_4_and_resumes(mode, targets, tmp_path):
     log = out.stdout + out.stderr
     assert out.returncode == 0, log[-6000:]
     assert f'resumed epoch: 0, iter: {STOP_AT}' in log, log[-6000:]
-    final = torch.load(
-        str(work / f'iter_{MAX_ITERS}.pth'),
-        map_location='cpu',
-        weights_only=False,
-    )
+    final = _checkpoint(str(work / f'iter_{MAX_ITERS}.pth'), mode)
     assert final['meta']['iter'] == MAX_ITERS
     weights = [
         torch.load(str(work / f'weights_rank{r}.pth'), map_location='cpu')

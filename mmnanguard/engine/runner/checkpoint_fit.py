@@ -31,6 +31,7 @@ state dicts (16 ms for it); only the checkpoint a resume picks and the
 ones passed over are checked.
 """
 
+import os.path as osp
 import re
 from typing import Any, Optional
 
@@ -236,6 +237,10 @@ class FitCheck:
     def __call__(self, path: str) -> Optional[str]:
         """Why the loaded ``path`` does not fit, as ``"it does not fit the
         model or optimizer: ..."``; None when it fits."""
+        if osp.isdir(path):
+            # a folder of every rank's part (DeepSpeed): the strategy
+            # loads each rank's partition and checks it against its own
+            return None
         try:
             checkpoint = load_from_local(path, map_location='cpu')
         except LOAD_ERRORS as err:  # it loaded a moment ago
