@@ -181,7 +181,7 @@ def writes_shards(strategy: Any) -> bool:
     writes a part of: ``FSDPStrategy`` with a local (sharded) state dict,
     ``DeepSpeedStrategy`` (not a subclass's own ``save_checkpoint``)."""
     fsdp = _own_save_of(strategy, 'mmengine._strategy.fsdp', 'FSDPStrategy')
-    return (fsdp and not _fsdp_full(strategy)) or _own_save_of(
+    return (fsdp and not strategy._is_full_state_dict()) or _own_save_of(
         strategy, 'mmengine._strategy.deepspeed', 'DeepSpeedStrategy'
     )
 
