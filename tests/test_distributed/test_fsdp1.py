@@ -18,7 +18,8 @@ iteration 6 and ends with the very weights of the first run.
 ``state_dict_cfg='local'`` (mmengine's default): the same faults; every
 rank checks its ``ShardedTensor`` shards before each local checkpoint
 (this crashed with ``isfinite ... ShardedTensor``), and the rollback takes
-the in-memory snapshot of iteration 0 on both ranks.
+the in-memory snapshot of iteration 0 on both ranks; ``max_keep_ckpts``
+removes the oldest checkpoint folder.
 """
 
 import os
@@ -52,7 +53,9 @@ FAULTS = (
 )
 
 
-def _config(path, state_dict_cfg: str, rollback_source: str, faults=True):
+def _config(
+    path, state_dict_cfg: str, rollback_source: str, faults=True, keep=-1
+):
     path.write_text(
         '_base_ = ["mmnanguard::_base_/nanguard.py"]\n'
         "runner_type = 'FlexibleRunner'\n"
@@ -69,7 +72,7 @@ def _config(path, state_dict_cfg: str, rollback_source: str, faults=True):
         'train_cfg = dict(by_epoch=False, max_iters=6)\n'
         "default_hooks = dict(logger=dict(type='LoggerHook', interval=1),\n"
         "    checkpoint=dict(type='CheckpointHook', interval=2,"
-        ' by_epoch=False))\n'
+        f' by_epoch=False, max_keep_ckpts={keep}))\n'
         'log_processor = dict(by_epoch=False, window_size=1)\n'
         'randomness = dict(seed=0)\n'
         "default_scope = 'mmengine'\n"
@@ -156,17 +159,21 @@ def test_fsdp1_full_state_skip_checkpoint_rollback_and_resume(tmp_path):
 
 
 def test_fsdp1_local_state_sharded_check_and_memory_rollback(tmp_path):
-    config = _config(tmp_path / 'fsdp1_local.py', 'local', 'memory')
+    config = _config(tmp_path / 'fsdp1_local.py', 'local', 'memory', keep=2)
     work = tmp_path / 'work'
     log = _run(config, work)
     _assert_skip_then_rollback(work)
     # each rank wrote its shards, every one checked before the write, into
-    # a temporary folder published once both had written
-    for step in (2, 4, 6):
+    # a temporary folder published once both had written; max_keep_ckpts=2
+    # removed the folder iter_2.pth once iter_6.pth was written (before,
+    # the rotation kept every checkpoint folder)
+    assert not osp.exists(work / 'iter_2.pth')
+    for step in (4, 6):
         assert sorted(os.listdir(work / f'iter_{step}.pth')) == [
             'rank0.pth',
             'rank1.pth',
         ]
+    assert (work / 'last_checkpoint').read_text() == str(work / 'iter_6.pth')
     assert not [n for n in os.listdir(work) if n.endswith(TEMP_FOLDER_SUFFIX)]
     restored = re.findall(
         r'rolled back to the state of iteration (\d+) \(from memory\)', log

@@ -1,7 +1,8 @@
 # Copyright (c) mmnanguard contributors. All rights reserved.
 """The one function through which a protected run removes checkpoints:
 only a regular file of a checkpoint's name directly in the checkpoint
-folder; never a link's target, never a folder, never a file elsewhere."""
+folder, or a checkpoint folder of regular files only; never a link's
+target, never a folder holding anything else, never a file elsewhere."""
 
 import os
 import os.path as osp
@@ -16,6 +17,7 @@ from mmnanguard.engine.runner.checkpoint_removal import (
 )
 
 NAMES = checkpoint_names('iter_{}.pth')
+A_LINK = 'it is not a regular file or a checkpoint folder (a link)'
 
 
 @pytest.fixture
@@ -64,24 +66,49 @@ def test_a_regular_checkpoint_file_is_removed(folders):
     assert remove_checkpoint_file(work, path, NAMES) == MISSING
 
 
-def test_a_link_is_removed_not_its_target(folders):
+@pytest.mark.parametrize('target', ['file', 'folder'])
+def test_a_link_is_kept_and_so_is_its_target(folders, target):
+    """A link named like a checkpoint, to a file or to a folder of
+    checkpoint parts outside: neither the link nor the target goes."""
     work, outside = folders
-    victim = _file(osp.join(outside, 'iter_9.pth'))
+    victim = _file(osp.join(outside, 'mp_rank_00_model_states.pt'))
     link = osp.join(work, 'iter_9.pth')
-    os.symlink(victim, link)
+    os.symlink(victim if target == 'file' else outside, link)
     problem = remove_checkpoint_file(work, link, NAMES)
-    assert problem == 'it is not a regular file (a link or a folder)'
+    assert problem == A_LINK
     assert osp.isfile(victim) and osp.islink(link)
 
 
-def test_a_folder_is_never_removed(folders):
+def test_a_checkpoint_folder_of_regular_files_is_removed(folders):
     work, _ = folders
     folder = osp.join(work, 'iter_4.pth')
     os.makedirs(folder)
-    _file(osp.join(folder, 'inside'))
+    for name in ('mp_rank_00_model_states.pt', 'zero_pp_rank_1_optim.pt'):
+        _file(osp.join(folder, name))
+    assert remove_checkpoint_file(work, folder, NAMES) is None
+    assert os.listdir(work) == []
+    assert remove_checkpoint_file(work, folder, NAMES) == MISSING
+
+
+@pytest.mark.parametrize('inside', ['link', 'folder'])
+def test_a_folder_holding_anything_else_is_kept_whole(folders, inside):
+    work, outside = folders
+    victim = _file(osp.join(outside, 'victim.txt'))
+    folder = osp.join(work, 'iter_4.pth')
+    os.makedirs(folder)
+    part = _file(osp.join(folder, 'a_part.pt'))
+    if inside == 'link':
+        os.symlink(victim, osp.join(folder, 'b_entry'))
+    else:
+        os.makedirs(osp.join(folder, 'b_entry'))
+        _file(osp.join(folder, 'b_entry', 'nested'))
     problem = remove_checkpoint_file(work, folder, NAMES)
-    assert problem == 'it is not a regular file (a link or a folder)'
-    assert osp.isfile(osp.join(folder, 'inside'))
+    assert problem == (
+        "it is a folder whose entry 'b_entry' is not a regular file (a "
+        "checkpoint folder holds only the ranks' files)"
+    )
+    assert osp.isfile(part) and osp.isfile(victim)
+    assert sorted(os.listdir(folder)) == ['a_part.pt', 'b_entry']
 
 
 @pytest.mark.parametrize(
@@ -104,7 +131,7 @@ def test_a_file_of_another_name_is_kept(folders):
     assert osp.isfile(path)
 
 
-def test_the_backend_refuses_rmtree_and_removes_through_the_check(folders):
+def test_the_backend_removes_files_and_folders_through_the_check(folders):
     work, outside = folders
 
     class Backend:
@@ -126,3 +153,8 @@ def test_the_backend_refuses_rmtree_and_removes_through_the_check(folders):
     path = _file(osp.join(work, 'iter_1.pth'))
     backend.remove(path)
     assert not osp.exists(path)
+    checkpoint = osp.join(work, 'iter_2.pth')
+    os.makedirs(checkpoint)
+    _file(osp.join(checkpoint, 'rank0.pth'))
+    backend.rmtree(checkpoint)
+    assert os.listdir(work) == []

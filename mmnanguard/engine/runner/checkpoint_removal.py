@@ -10,17 +10,22 @@ removes a file, or with ``rmtree`` a whole folder (DeepSpeed checkpoints
 are folders), and follows links on the way. A crafted checkpoint thereby
 deleted any file (``best_ckpt``) or folder (``keep_ckpt_ids``) it named.
 
-:func:`remove_checkpoint_file` removes only a regular file whose name is
-one the hook writes, directly in the checkpoint folder: it opens the
-folder, looks at the name there without following a link, and unlinks it
-through the folder's descriptor (``unlink`` removes a link itself, never
-its target, and never a folder). :class:`CheckpointRemovalBackend` is the
-hook's file backend with ``remove`` going through it and ``rmtree``
-refused; :class:`~.durable_checkpoint_hook.DurableCheckpointHook`
-installs it (and trims the resumed ``keep_ckpt_ids`` through it), so all
-three removals go through this one function. A folder checkpoint is kept,
-with a warning. For a remote checkpoint folder (``s3://...``) the name
-and folder are checked on the path and the backend removes the file.
+:func:`remove_checkpoint_file` removes only a checkpoint of a name the
+hook writes, directly in the checkpoint folder: it opens the folder, looks
+at the name there without following a link, and unlinks it through the
+folder's descriptor (``unlink`` removes a link itself, never its target).
+A checkpoint folder (DeepSpeed, FSDP's local state dicts) is removed only
+when it is one: a real folder (opened without following a link) holding
+nothing but regular files; each is unlinked through the folder's own
+descriptor, then the empty folder is removed. Anything else (a link, a
+nested folder, a device) keeps the folder, with a warning.
+:class:`CheckpointRemovalBackend` is the hook's file backend with
+``remove`` and ``rmtree`` going through it;
+:class:`~.durable_checkpoint_hook.DurableCheckpointHook` installs it (and
+trims the resumed ``keep_ckpt_ids`` through it), so all three removals go
+through this one function. For a remote checkpoint folder (``s3://...``)
+the name and folder are checked on the path and the backend removes the
+file; a remote folder is kept.
 """
 
 import logging
@@ -88,12 +93,13 @@ def inside_folder(path: str, folder: str) -> bool:
 def remove_checkpoint_file(
     folder: str, path: str, names: Pattern
 ) -> Optional[str]:
-    """Remove ``path`` if it is a regular file named like ``names``
-    directly in ``folder``; never follow a link, never remove a folder.
+    """Remove ``path`` if it is a regular file, or a folder of regular
+    files (a sharded checkpoint), named like ``names`` directly in
+    ``folder``; never follow a link.
 
     Args:
         folder (str): The checkpoint folder (the hook's ``out_dir``).
-        path (str): The file to remove.
+        path (str): The file or checkpoint folder to remove.
         names (Pattern): The names that may be removed
             (:func:`checkpoint_names`).
 
@@ -114,8 +120,10 @@ def remove_checkpoint_file(
         return f'the checkpoint folder cannot be opened ({err.strerror})'
     try:
         info = os.stat(name, dir_fd=fd, follow_symlinks=False)
+        if stat.S_ISDIR(info.st_mode):
+            return _remove_checkpoint_folder(fd, name)
         if not stat.S_ISREG(info.st_mode):
-            return 'it is not a regular file (a link or a folder)'
+            return 'it is not a regular file or a checkpoint folder (a link)'
         os.unlink(name, dir_fd=fd)
     except FileNotFoundError:
         return MISSING
@@ -126,10 +134,34 @@ def remove_checkpoint_file(
     return None
 
 
+def _remove_checkpoint_folder(parent_fd: int, name: str) -> Optional[str]:
+    """Remove the checkpoint folder ``name`` of the folder open as
+    ``parent_fd``: its regular files, then itself; nothing when it holds
+    anything else. Raises ``OSError`` as ``os`` does."""
+    fd = os.open(
+        name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=parent_fd
+    )
+    try:
+        entries = os.listdir(fd)
+        for entry in entries:
+            mode = os.stat(entry, dir_fd=fd, follow_symlinks=False).st_mode
+            if not stat.S_ISREG(mode):
+                return (
+                    f'it is a folder whose entry {entry!r} is not a regular '
+                    "file (a checkpoint folder holds only the ranks' files)"
+                )
+        for entry in entries:
+            os.unlink(entry, dir_fd=fd)
+    finally:
+        os.close(fd)
+    os.rmdir(name, dir_fd=parent_fd)
+    return None
+
+
 class CheckpointRemovalBackend:
-    """A ``CheckpointHook``'s file backend whose ``remove`` goes through
-    :func:`remove_checkpoint_file` and whose ``rmtree`` removes nothing;
-    every other method is the backend's.
+    """A ``CheckpointHook``'s file backend whose ``remove`` and ``rmtree``
+    go through :func:`remove_checkpoint_file`; every other method is the
+    backend's.
 
     Args:
         backend: The hook's file backend.
@@ -164,8 +196,12 @@ class CheckpointRemovalBackend:
             _kept(path, problem)
 
     def rmtree(self, dir_path: Any) -> None:
-        """Remove nothing: a checkpoint folder is kept, with a WARNING."""
-        _kept(str(dir_path), 'it is a folder, and no folder is removed')
+        """Remove a checkpoint folder (see :func:`remove_checkpoint_file`);
+        a remote one is kept, with a WARNING."""
+        if not is_local_path(self.folder):
+            _kept(str(dir_path), 'it is a remote folder')
+            return
+        self.remove(dir_path)
 
 
 def _kept(path: str, problem: str) -> None:

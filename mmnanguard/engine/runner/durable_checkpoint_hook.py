@@ -32,8 +32,9 @@ best is removed before the new best is written.
 Every removal the hook makes (the rotation, the resumed ``keep_ckpt_ids``
 in ``before_train``, the previous best of ``save_best``) goes through
 :func:`~.checkpoint_removal.remove_checkpoint_file`, which removes only a
-regular file of a checkpoint's name directly in ``out_dir``: a folder
-checkpoint (DeepSpeed) is kept, with a warning. A loaded checkpoint's
+regular file of a checkpoint's name directly in ``out_dir``, or a
+checkpoint folder (DeepSpeed) of such a name holding only regular files;
+anything else is kept, with a warning. A loaded checkpoint's
 ``meta.config`` is cut to its literal ``gpu_ids`` before mmengine's
 resume evaluates it (:mod:`.config_meta`). Check the overrides again
 when moving past mmengine 0.10.x.
