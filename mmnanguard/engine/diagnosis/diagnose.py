@@ -14,6 +14,7 @@ from mmnanguard.models.loss_kind import (
     encoded_deltas_into_box_loss,
 )
 
+from ..guard.dtensor import local
 from ..incident import write_report_json
 from .batch_checks import check_batch, model_classes
 from .classify import classify
@@ -26,9 +27,9 @@ from .timeline import write_timeline
 
 def module_weight_stats(model: nn.Module, name: str) -> Dict[str, Any]:
     """Largest absolute parameter value of module ``name`` (its own
-    parameters and its children's)."""
-    module = model.get_submodule(name)
-    values = [p.detach().abs().max() for p in module.parameters() if p.numel()]
+    parameters and its children's; a sharded one's part on this rank)."""
+    params = (local(p) for p in model.get_submodule(name).parameters())
+    values = [p.detach().abs().max() for p in params if p.numel()]
     top = float(torch.stack(values).max()) if values else math.nan
     return dict(module=name, max_abs=f'{top:.3g}')
 

@@ -24,6 +24,7 @@ from typing import Any, Dict, List, Optional
 import torch
 from torch import nn
 
+from ..guard.dtensor import local
 from .tree import iter_tensors
 
 FP16_LIMIT = float(torch.finfo(torch.float16).max)
@@ -36,10 +37,16 @@ WEIGHT_LIMIT = 1e4
 
 def max_abs(obj: Any) -> Optional[float]:
     """The largest absolute value over every floating tensor in ``obj``
-    (``inf`` when one holds an infinity; NaNs are ignored), or None."""
+    (``inf`` when one holds an infinity; NaNs are ignored), or None.
+
+    A sharded tensor (a DTensor, a ``ShardedTensor``) counts with this
+    rank's part only, which may be empty: no collective, so that a rank
+    diagnosing alone never waits for a peer.
+    """
+    parts = (local(t) for _, t in iter_tensors(obj))
     values = [
-        t.detach().abs().nan_to_num(nan=0.0).max()
-        for _, t in iter_tensors(obj)
+        t.detach().abs().nan_to_num(nan=0.0, posinf=math.inf).max()
+        for t in parts
         if t.is_floating_point() and t.numel()
     ]
     return (
@@ -52,8 +59,7 @@ def max_abs(obj: Any) -> Optional[float]:
 def own_weight_max(module: nn.Module) -> Optional[float]:
     """Largest absolute value of the module's own parameters (not its
     children's), or None when it has none."""
-    params = [p for p in module.parameters(recurse=False) if p.numel()]
-    return max_abs(params) if params else None
+    return max_abs(list(module.parameters(recurse=False)))
 
 
 def range_limit(precision: str) -> float:

@@ -25,6 +25,13 @@ non-leaf tensors, e.g. the last loss terms, which ``copy.deepcopy``
 refuses.) The probe's hooks exist only during the replay. Hooks that an
 engine put on the parameters' gradient accumulation (DeepSpeed ZeRO) are
 muted during the replay and put back after it.
+
+Under torch's FSDP1 (mmengine's ``FSDPStrategy``) the module's own
+parameters are this rank's shard of a flat parameter; outside FSDP's
+forward they are not the layers' weights (``mat2 must be a matrix``), and
+a replay through FSDP's forward would add all-gathers that only this rank
+makes. :func:`replay_unavailable` says so, and the incident is recorded
+with that reason instead of a diagnosis.
 """
 
 from contextlib import contextmanager
@@ -33,6 +40,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 import torch
 from mmengine.optim import AmpOptimWrapper
 from torch import nn
+from torch.distributed.fsdp import FullyShardedDataParallel
 
 from ..guard.optim_members import optim_wrapper_members
 from ..guard.snapshot import unwrap_model
@@ -68,6 +76,28 @@ def _describe_state(
         f'{iteration - snapshot.iteration} iteration(s) before the bad '
         'update (approximate; snapshot_interval=1 makes it exact)'
     )
+
+
+def replay_unavailable(model: nn.Module) -> Optional[str]:
+    """Why the batch cannot be replayed on ``model`` (the runner's model,
+    wrapped), or None.
+
+    Args:
+        model (nn.Module): The runner's model.
+
+    Returns:
+        str | None: The reason, for the report's ``diagnosis_skipped``.
+    """
+    if any(isinstance(m, FullyShardedDataParallel) for m in model.modules()):
+        return (
+            "no replay under FSDP1 (mmengine's FSDPStrategy): each rank "
+            "holds a shard of flat parameters, not the layers' weights; "
+            "the guard's verdict, loss terms and gradient norm stand. To "
+            'diagnose it, replay the incident in one process: python '
+            'tools/replay.py INCIDENT_DIR --config CONFIG --checkpoint '
+            'CHECKPOINT (a full-state checkpoint from before the incident)'
+        )
+    return None
 
 
 @contextmanager

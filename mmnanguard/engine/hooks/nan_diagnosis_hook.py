@@ -12,6 +12,7 @@ from mmnanguard.registry import HOOKS, register_shared
 
 from ..diagnosis import amp_settings, diagnose, replay_model, write_diagnosis
 from ..diagnosis.distinct import DiagnosisLog
+from ..diagnosis.replay_state import replay_unavailable
 from ..diagnosis.report_md import write_repeat_markdown
 from ..guard.finite import nonfinite_paths
 from ..guard.incident_event import IncidentEvent
@@ -162,6 +163,12 @@ class NanDiagnosisHook(Hook):
                 'nanguard diagnosis: a poisoned checkpoint '
                 'is not a training step; nothing to replay'
             )
+            return
+        unavailable = replay_unavailable(runner.model)
+        if unavailable is not None:
+            report['diagnosis_skipped'] = unavailable
+            write_report_json(report, folder)
+            runner.logger.warning(f'nanguard diagnosis: {unavailable}')
             return
         # the incident that stops training is always diagnosed in full:
         # its report.md is what the user reads

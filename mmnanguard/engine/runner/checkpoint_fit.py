@@ -45,6 +45,7 @@ from mmnanguard.compat.declared_sizes import (
     human,
     size_problem,
 )
+from mmnanguard.engine.guard.dtensor import is_dtensor
 from mmnanguard.engine.guard.fsdp1_state import loads_through_strategy
 from mmnanguard.fileio.checkpoint_verify import LOAD_ERRORS
 
@@ -259,9 +260,13 @@ class FitCheck:
 
 def state_bytes(module: torch.nn.Module) -> int:
     """The bytes of ``module``'s parameters and buffers (its
-    ``state_dict``'s tensors, each storage once)."""
+    ``state_dict``'s tensors, each storage once; a DTensor by its global
+    size, which has no storage of its own)."""
     seen, total = set(), 0
     for tensor in module.state_dict().values():
+        if is_dtensor(tensor):
+            total += tensor.numel() * tensor.element_size()
+            continue
         storage = tensor.untyped_storage()
         key = (storage.data_ptr(), storage.nbytes())
         if key not in seen:
