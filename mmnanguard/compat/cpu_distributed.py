@@ -14,7 +14,9 @@ unless the config already has a ``model_wrapper_cfg`` (and the same
 elastic agent the group starts in a store namespace of the restart round's
 own (:mod:`.elastic_round`), so a restarted group never reads the previous
 round's gloo addresses. It is called by
-``tools/train.py --launcher pytorch`` and by the DDP tests.
+``tools/train.py --launcher pytorch``, by the protected runners'
+``from_cfg`` (so that an upstream ``tools/train.py`` building them from a
+config with the include runs on such a machine too) and by the DDP tests.
 """
 
 import os
@@ -39,8 +41,8 @@ def prepare_cpu_distributed(cfg: Config, launcher: str) -> bool:
     """Start gloo and adapt ``cfg`` for CPU DDP where needed.
 
     Args:
-        cfg (Config): The training config; ``model_wrapper_cfg`` is set on it
-            when it has none.
+        cfg (Config | dict): The training config; ``model_wrapper_cfg`` is
+            set on it when it has none.
         launcher (str): The job launcher.
 
     Returns:
@@ -65,7 +67,7 @@ def prepare_cpu_distributed(cfg: Config, launcher: str) -> bool:
     if not torch_dist.is_initialized():
         init_process_group('gloo')
     if cfg.get('model_wrapper_cfg') is None:
-        cfg.model_wrapper_cfg = dict(
+        cfg['model_wrapper_cfg'] = dict(
             type='MMDistributedDataParallel', device_ids=None
         )
     strategy = cfg.get('strategy')

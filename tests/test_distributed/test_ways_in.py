@@ -9,9 +9,13 @@ build it, the settings-only twin with no runner line, ``NanGuardHook``
 alone in ``custom_hooks``, and ``tools/train.py --guard skip``'s config
 edit. Each cell trains a toy model for 6 iterations with checkpoints every
 2 (written on rank 0 only, as mmengine does; DeepSpeed: a folder every
-rank writes its partition into), a NaN gradient (FSDP1 and DeepSpeed: an
-inf loss) planted at iteration 3 on the last rank, then resumes to
-iteration 8.
+rank writes its partition into), a NaN gradient planted at iteration 3
+on the last rank (under FSDP1 in its flat parameter's shard, under ZeRO in
+a module parameter whose gradient the hooks reduce), then resumes to
+iteration 8. The incident is diagnosed (a replay of the batch), except
+under FSDP1, where the report says why not. One more cell runs mmdet's
+own ``tools/train.py`` under ``torchrun`` with the include in the
+config.
 
 The DeepSpeed cells of the include, the twin and ``--guard`` failed at
 the step after the incident (DeepSpeed's "The parameter b.bias has already
@@ -67,8 +71,6 @@ PROTECTED = dict(
     runner='NanGuardRunner', **{m: 'NanGuardFlexibleRunner' for m in FLEXIBLE}
 )
 PLAIN = dict(runner='Runner', **{m: 'FlexibleRunner' for m in FLEXIBLE})
-#: The incident the planted fault makes (``ways_in_worker.FAULTS``).
-KIND = dict(fsdp1='nonfinite_loss', deepspeed='nonfinite_loss')
 #: DeepSpeed writes a checkpoint as a folder: the model states are here.
 DEEPSPEED_MODEL_STATES = 'mp_rank_00_model_states.pt'
 
@@ -120,9 +122,17 @@ def test_way_in_checkpoints_fault_and_resume(way, mode, nproc, tmp_path):
     ]
     assert sorted(r['rank'] for r in reports) == list(range(nproc))
     for report in reports:
-        kind = KIND.get(mode, 'nonfinite_grad')
-        assert (report['kind'], report['iteration']) == (kind, 3)
+        assert (report['kind'], report['iteration']) == ('nonfinite_grad', 3)
         assert report['action'] == 'skip'
+        # diagnosed, or (FSDP1) its reason why not; never a failure. The
+        # hook alone has no diagnosis (the protected runner adds it)
+        assert 'diagnosis_error' not in report, report['diagnosis_error']
+        if way == 'hook':
+            assert 'diagnosis' not in report
+        elif mode == 'fsdp1':
+            assert report['diagnosis_skipped'].startswith('no replay under')
+        else:
+            assert report['diagnosis']['verdict'], report
 
     weights = [
         torch.load(str(work / f'weights_rank{r}.pth'), map_location='cpu')
@@ -158,3 +168,72 @@ def test_way_in_checkpoints_fault_and_resume(way, mode, nproc, tmp_path):
     assert not all(torch.equal(after[0][k], weights[0][k]) for k in after[0])
     for other in after[1:]:
         assert all(torch.equal(other[k], after[0][k]) for k in other)
+
+
+def _upstream_config(tmp_path, work) -> str:
+    """A config with the include, as a user writes it for an upstream
+    ``tools/train.py``: the toy run of the ways-in cells (the fault on rank
+    1) as a base file, the include, and ``custom_imports`` for the toy
+    model."""
+    from ways_in_worker import build_cfg
+
+    base = build_cfg('upstream', 'runner', str(work), 6, False)
+    base.custom_hooks[0]['rank'] = 1
+    base.dump(str(tmp_path / 'toy_run.py'))
+    config = tmp_path / 'protected.py'
+    config.write_text(
+        "_base_ = ['./toy_run.py', 'mmnanguard::_base_/nanguard.py']\n"
+        "custom_imports = dict(imports=['ways_in_toy'], "
+        'allow_failed_imports=False)\n'
+    )
+    return str(config)
+
+
+def test_upstream_train_script_under_ddp(tmp_path):
+    """mmdet's own ``tools/train.py`` (shipped in ``mmdet/.mim``, not
+    modified) with ``--launcher pytorch`` on 2 processes, the config with
+    the include: the runner it builds is the protected one (on this CPU
+    machine it starts gloo itself), the NaN gradient on rank 1 is one
+    skipped incident on both ranks, the checkpoints are finite, and
+    ``--resume`` continues."""
+    import mmdet
+
+    script = osp.join(osp.dirname(mmdet.__file__), '.mim', 'tools', 'train.py')
+    work = tmp_path / 'work'
+    work.mkdir()
+    config = _upstream_config(tmp_path, work)
+
+    def train(max_iters, *extra):
+        out = run_script(
+            torchrun_args(2, free_port())
+            + ['-m', 'mmnanguard', script, config, '--launcher', 'pytorch']
+            + ['--work-dir', str(work), *extra, '--cfg-options']
+            + [f'train_cfg.max_iters={max_iters}'],
+            timeout=300,
+            env=dict(OMP_NUM_THREADS='1', PYTHONPATH=HERE),
+        )
+        log = out.stdout + out.stderr
+        assert out.returncode == 0, log[-6000:]
+        return log
+
+    train(6)
+    reports = [
+        json.load(open(p))
+        for p in glob.glob(str(work / 'nanguard' / '*' / 'report.json'))
+    ]
+    assert sorted(r['rank'] for r in reports) == [0, 1]
+    for report in reports:
+        assert (report['kind'], report['iteration']) == ('nonfinite_grad', 3)
+        assert report['action'] == 'skip'
+    for step in (2, 4, 6):
+        ckpt = _checkpoint(work, step, 'runner')
+        assert ckpt['meta']['iter'] == step
+        assert tensors_all_finite(ckpt['state_dict'])
+    log = train(8, '--resume')
+    assert 'resumed epoch: 0, iter: 6' in log, log[-6000:]
+    resumed = _checkpoint(work, 8, 'runner')
+    assert tensors_all_finite(resumed['state_dict'])
+    assert not all(
+        torch.equal(resumed['state_dict'][k], v)
+        for k, v in _checkpoint(work, 6, 'runner')['state_dict'].items()
+    )

@@ -17,10 +17,11 @@ Usage: ``ways_in_worker.py WAY MODE WORK_DIR MAX_ITERS [resume] [slow]``
   (``FSDPStrategy``, full state dicts), ``deepspeed``
   (``DeepSpeedStrategy``, ZeRO-2, ``DeepSpeedOptimWrapper``).
 
-A NaN gradient (an inf loss under FSDP1 and DeepSpeed: :data:`FAULTS`)
-is planted at iteration 3 on the last rank; checkpoints are
-written every 2 iterations (``CheckpointHook`` on rank 0 only, as
-mmengine does).
+A NaN gradient (``FaultInjectionHook``'s ``nan_grad``: under FSDP1 a
+flat parameter's shard, under ZeRO a module parameter whose gradient its
+hooks reduce into the flat partition) is planted at iteration 3 on the
+last rank; checkpoints are written every 2 iterations (``CheckpointHook``
+on rank 0 only, as mmengine does).
 
 ``slow`` (the preemption tests): each iteration ends with a 0.5 s sleep
 after writing ``WORK_DIR/reached_rank{RANK}_iter{N}`` (its content: the
@@ -76,11 +77,6 @@ STRATEGIES = dict(
     ),
 )
 
-#: The fault planted, where not a NaN gradient: under FSDP1 and ZeRO the
-#: optimizer steps flat parameters that the module does not hold, and a
-#: NaN gradient has no module parameter to come from.
-FAULTS = dict(fsdp1='inf_loss', deepspeed='inf_loss')
-
 
 def build_cfg(
     way: str,
@@ -90,20 +86,19 @@ def build_cfg(
     resume,
     slow: bool = False,
 ):
+    import ways_in_toy  # noqa: F401  (WaysInToyModel, WaysInToyDataset)
     from mmengine.config import Config
-    from mmengine.registry import DATASETS, HOOKS, MODELS
+    from mmengine.registry import HOOKS
 
     from mmnanguard.engine.runner.train_options import (
         RUNNER_TYPE,
         apply_guard_option,
         default_protection,
     )
-    from mmnanguard.testing.toy import ToyDataset, ToyModel, toy_runner_cfg
+    from mmnanguard.testing.toy import toy_runner_cfg
 
     # registered, so that the config holds only plain values (mmengine
     # prints it)
-    MODELS.register_module('WaysInToyModel', module=ToyModel, force=True)
-    DATASETS.register_module('WaysInToyDataset', module=ToyDataset, force=True)
     HOOKS.register_module(
         'WaysInSlowIterationHook', module=SlowIterationHook, force=True
     )
@@ -111,7 +106,7 @@ def build_cfg(
     world = int(os.environ.get('WORLD_SIZE', '1'))
     fault = dict(
         type='FaultInjectionHook',
-        fault=FAULTS.get(mode, 'nan_grad'),
+        fault='nan_grad',
         iteration=3,
         rank=world - 1,
     )

@@ -4,6 +4,7 @@
 from typing import Any, List, Optional, Set
 
 import torch
+import torch.nn as nn
 from mmengine.dist import get_rank
 from mmengine.hooks import Hook
 
@@ -34,7 +35,9 @@ class FaultInjectionHook(Hook):
     * ``inf_loss``: ``+inf`` added to the loss term ``loss_key`` (default:
       the first term whose name starts with ``loss``).
     * ``nan_grad``: a term ``sqrt(sum((w - w.detach())**2))`` on the first
-      parameter that requires a gradient and that an optimizer holds: its
+      parameter that requires a gradient and that an optimizer holds (under
+      DeepSpeed ZeRO, whose optimizer holds flat partitions only: the first
+      that requires a gradient) whose shard on this rank is not empty: its
       value is 0, its gradient is NaN.
     * ``lr_spike``: every learning rate set to ``value`` (default 1e12).
     * ``nan_optimizer_state``: a NaN written into the first optimizer state
@@ -140,16 +143,40 @@ class FaultInjectionHook(Hook):
             else:
                 losses[key] = value + float('inf')
         else:
-            weight = next(
-                p
-                for p in module.parameters()
-                if p.requires_grad and id(p) in self._held
-            )
-            weight = local(weight)  # a sharded one: this rank's shard only
+            weight = local(_gradient_target(module, self._held))
             losses['loss_fault_sqrt'] = torch.sqrt(
                 ((weight - weight.detach()) ** 2).sum()
             )
         return losses
+
+
+def _gradient_target(module: nn.Module, held: Set[int]) -> torch.Tensor:
+    """The parameter ``nan_grad`` poisons: the first one that requires a
+    gradient, holds elements on this rank (under FSDP2 a small parameter's
+    shard may be empty) and that an optimizer holds; where the optimizer
+    holds none of the module's parameters (DeepSpeed ZeRO steps flat fp32
+    partitions that its gradient hooks fill from the module's gradients),
+    the first one that requires a gradient.
+
+    Raises:
+        RuntimeError: No parameter of ``module`` qualifies on this rank.
+    """
+    trainable = [
+        p for p in module.parameters() if p.requires_grad and local(p).numel()
+    ]
+    for param in trainable:
+        if id(param) in held:
+            return param
+    if trainable and not any(id(p) in held for p in module.parameters()):
+        return trainable[0]
+    raise RuntimeError(
+        f'FaultInjectionHook: fault=nan_grad on rank {get_rank()} needs a '
+        'parameter that requires a gradient, holds elements on this rank '
+        f'and that an optimizer steps; {type(module).__name__} has '
+        f'{len(trainable)} such parameter(s) with elements here, none in '
+        "an optimizer's param groups. Plant it on another rank (rank=...) "
+        'or use fault=inf_loss'
+    )
 
 
 def _held_by_optimizers(optim_wrapper) -> Set[int]:

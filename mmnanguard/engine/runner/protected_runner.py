@@ -19,6 +19,7 @@ from mmengine.logging import print_log
 from mmengine.model import is_model_wrapper
 from mmengine.optim import AmpOptimWrapper, OptimWrapperDict
 
+from mmnanguard.compat.cpu_distributed import prepare_cpu_distributed
 from mmnanguard.optional import require_packages
 from mmnanguard.registry import HOOKS
 
@@ -282,6 +283,23 @@ class ProtectedRunnerMixin:
         >>> class NanGuardRunner(ProtectedRunnerMixin, Runner):
         ...     pass
     """
+
+    @classmethod
+    def from_cfg(cls, cfg: Any) -> Any:
+        """Build the runner as the mmengine runner class does, after the
+        CPU mend of ``launcher='pytorch'`` where this machine needs it
+        (:func:`~mmnanguard.compat.cpu_distributed.prepare_cpu_distributed`;
+        nothing on GPUs), so that an upstream ``tools/train.py --launcher
+        pytorch`` on a config with the include runs on a CPU-only torch.
+
+        Args:
+            cfg (Config | dict): The training config.
+
+        Returns:
+            Runner | FlexibleRunner: The runner.
+        """
+        prepare_cpu_distributed(cfg, cfg.get('launcher', 'none'))
+        return super().from_cfg(cfg)  # type: ignore[misc]
 
     @property
     def agrees_before_save(self) -> bool:
