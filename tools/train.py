@@ -235,6 +235,9 @@ def _train(args: argparse.Namespace) -> int:
     from mmnanguard.compat.cpu_distributed import prepare_cpu_distributed
     from mmnanguard.datasets import InvalidAnnotationError
     from mmnanguard.engine import NonFiniteTrainingError
+    from mmnanguard.engine.guard.checkpoint_layout import (
+        ShardedCheckpointError,
+    )
     from mmnanguard.engine.runner import (
         DurableWriteError,
         TrainingPreempted,
@@ -282,7 +285,7 @@ def _train(args: argparse.Namespace) -> int:
             'continue with --resume.',
             EXIT_WRITE_FAILED,
         )
-    except UnusableCheckpointError as err:
+    except (UnusableCheckpointError, ShardedCheckpointError) as err:
         return fail(
             f'{type(err).__name__}: {one_line(err)} Nothing was trained.',
             EXIT_USAGE,
@@ -315,4 +318,6 @@ def _train(args: argparse.Namespace) -> int:
 
 
 if __name__ == '__main__':
-    sys.exit(main())
+    from mmnanguard.engine.runner.process_group_close import exit_process
+
+    exit_process(main())

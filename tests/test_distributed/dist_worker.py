@@ -114,4 +114,6 @@ def main(config: str, work_dir: str, *flags: str) -> int:
 
 
 if __name__ == '__main__':
-    sys.exit(main(*sys.argv[1:]))
+    from mmnanguard.engine.runner.process_group_close import exit_process
+
+    exit_process(main(*sys.argv[1:]))

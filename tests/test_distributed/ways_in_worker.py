@@ -108,7 +108,9 @@ def build_cfg(
         type='FaultInjectionHook',
         fault='nan_grad',
         iteration=3,
-        rank=world - 1,
+        # FSDP2 shards the toy's [1, 4] weights by rows: the last rank
+        # holds no element of any parameter
+        rank=0 if mode == 'fsdp2' else world - 1,
     )
     hooks = [fault]
     if way == 'hook':
@@ -127,6 +129,10 @@ def build_cfg(
     cfg['train_dataloader']['dataset'] = dict(type='WaysInToyDataset')
     if slow:  # the preemption save is the only checkpoint
         cfg['default_hooks']['checkpoint']['interval'] = 10 * max_iters
+    if mode == 'fsdp2':
+        from mmnanguard.testing.fsdp2 import register
+
+        cfg['model_wrapper_cfg'] = dict(type=register())
     if mode in STRATEGIES:
         cfg['runner_type'] = 'FlexibleRunner'
         cfg['strategy'] = STRATEGIES[mode]
@@ -169,6 +175,10 @@ def main(way: str, mode: str, work_dir: str, max_iters: str, *rest) -> int:
         runner = RUNNERS.build(cfg)
     else:
         runner = Runner.from_cfg(cfg)
+    if mode == 'fsdp2':
+        from mmnanguard.testing.fsdp2 import skip_reinit
+
+        skip_reinit(runner)
     try:
         runner.train()
     except TrainingPreempted as err:  # as tools/train.py maps it
@@ -197,4 +207,6 @@ def main(way: str, mode: str, work_dir: str, max_iters: str, *rest) -> int:
 
 
 if __name__ == '__main__':
-    sys.exit(main(*sys.argv[1:]))
+    from mmnanguard.engine.runner.process_group_close import exit_process
+
+    exit_process(main(*sys.argv[1:]))

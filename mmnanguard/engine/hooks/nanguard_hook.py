@@ -11,6 +11,7 @@ from mmengine.optim import AmpOptimWrapper
 from mmnanguard.registry import HOOKS, register_shared
 
 from ..guard import GuardSettings, StepGuard
+from ..guard.checkpoint_layout import ShardedCheckpointError, one_rank_shards
 from ..guard.dropped_step_scalars import DroppedStepScalars
 from ..guard.input_check import capture_input_finiteness
 from ..guard.loss_terms import capture_loss_terms
@@ -242,7 +243,18 @@ class NanGuardHook(Hook):
     def after_load_checkpoint(self, runner, checkpoint: dict) -> None:
         """On resume: restore what :meth:`before_save_checkpoint` stored,
         and mark the incident folders of the iterations the resume
-        discards (written after the checkpoint, before a crash)."""
+        discards (written after the checkpoint, before a crash).
+
+        Raises:
+            ShardedCheckpointError: The checkpoint holds one rank's DTensor
+                shards (:func:`~..guard.checkpoint_layout.one_rank_shards`);
+                nothing of it was taken yet.
+        """
+        sharded = one_rank_shards(checkpoint.get('state_dict'))
+        if sharded is not None:
+            raise ShardedCheckpointError(
+                f'nanguard: refusing to load the checkpoint: {sharded}'
+            )
         self.responder.load_state_dict(checkpoint.get('nanguard', {}))
         iteration = checkpoint.get('meta', {}).get('iter')
         if isinstance(iteration, int) and is_main_process():

@@ -45,6 +45,7 @@ from mmnanguard.compat.declared_sizes import (
     human,
     size_problem,
 )
+from mmnanguard.engine.guard.checkpoint_layout import one_rank_shards
 from mmnanguard.engine.guard.dtensor import is_dtensor
 from mmnanguard.engine.guard.fsdp1_state import loads_through_strategy
 from mmnanguard.fileio.checkpoint_verify import LOAD_ERRORS
@@ -79,6 +80,9 @@ def model_problem(saved: Any, model: torch.nn.Module) -> Optional[str]:
     ``model``; None when it does."""
     if not isinstance(saved, dict):
         return f"its 'state_dict' is a {type(saved).__name__}, not a dict"
+    sharded = one_rank_shards(saved)
+    if sharded is not None:
+        return sharded
     inner = model.module if is_model_wrapper(model) else model
     own = inner.state_dict()
     revised = {MODULE_PREFIX.sub('', str(k)): v for k, v in saved.items()}
