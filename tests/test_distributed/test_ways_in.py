@@ -1,8 +1,8 @@
 # Copyright (c) mmnanguard contributors. All rights reserved.
 """Every documented way in, under one process, ``Runner`` + DDP,
 ``FlexibleRunner`` + ``DDPStrategy``, ``FSDPStrategy`` (FSDP1, full state
-dicts) and ``DeepSpeedStrategy`` (ZeRO-2; the development stack) (2 CPU
-processes over gloo).
+dicts) and ``DeepSpeedStrategy`` (ZeRO-2; the development stack), and
+``Runner`` with torch's FSDP2 (2 CPU processes over gloo).
 
 The ways in (``ways_in_worker.py``): the include as the upstream scripts
 build it, the settings-only twin with no runner line, ``NanGuardHook``

@@ -42,9 +42,10 @@ def close_process_group(completed: bool) -> None:
 def exit_process(status: int) -> None:
     """End a rank of a distributed run with ``status``, now.
 
-    The log handlers and the standard streams are flushed and closed, then
-    the process exits without the interpreter's finalization (where gloo's
-    threads can abort it, see the module docstring). Every file the run
+    The log handlers are flushed and closed and the standard streams
+    flushed, then the process exits without the interpreter's
+    finalization (where gloo's threads can abort it, see the module
+    docstring). Every file the run
     writes is complete by then (checkpoints are synced when written;
     mmengine's ``LoggerHook`` closes the visualizer after the run). A run
     of one process, with ``WORLD_SIZE`` unset or 1, exits as usual
