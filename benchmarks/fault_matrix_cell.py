@@ -168,13 +168,14 @@ def build_config(
     The sampler does not shuffle, so that a planted annotation reaches the
     model in the same, known iteration in every mode.
     """
+    from full_protection import add_full_protection
+
     from mmnanguard.registry import HOOKS
     from mmnanguard.testing import (
         TINY_COCO_CONFIG,
         TINY_DOTA_CONFIG,
         load_tiny_config,
     )
-    from mmnanguard.testing.full_protection import add_full_protection
 
     spec = FAULTS[fault]
     hooks: List[Dict[str, Any]] = []

@@ -92,6 +92,7 @@ def worker(
     import torch
     from mmengine.registry import RUNNERS
     from mmengine.runner import Runner
+    from module_hooks import install_finiteness_hooks
 
     import mmnanguard  # noqa: F401
     from mmnanguard.testing import (
@@ -99,7 +100,6 @@ def worker(
         TINY_DOTA_CONFIG,
         load_tiny_config,
     )
-    from mmnanguard.testing.module_hooks import install_finiteness_hooks
 
     path = dict(dota=TINY_DOTA_CONFIG, coco=TINY_COCO_CONFIG)[config]
     hooks = []
@@ -113,7 +113,7 @@ def worker(
     cfg.default_hooks.checkpoint = None
     cfg.default_hooks.logger.interval = 1000
     if mode == 'guard_full':
-        from mmnanguard.testing.full_protection import add_full_protection
+        from full_protection import add_full_protection
 
         add_full_protection(cfg)
     if mode == 'anomaly':
@@ -190,14 +190,14 @@ COMPONENTS: Dict[str, Dict[str, List[Tuple[str, str]]]] = {
         plus=[('engine/guard/spike_detector.py', 'check')]
     ),
     'parameter and buffer check after the step (queued, no read)': dict(
-        plus=[('engine/guard/step_guard.py', '_queue_params_check')]
+        plus=[('engine/guard/params_check.py', 'queue')]
     ),
     'the guarded step besides the read (clip and optimizer step, which '
     'bare training runs too)': dict(
         plus=[('engine/optimizers/guarded_optim_wrapper.py', 'step')],
         minus=[
             ('engine/guard/step_guard.py', 'read'),
-            ('engine/guard/step_guard.py', '_queue_params_check'),
+            ('engine/guard/params_check.py', 'queue'),
         ],
     ),
     'history (append, scheduled lr, live lrs) and the lr backoff check': dict(
@@ -205,7 +205,7 @@ COMPONENTS: Dict[str, Dict[str, List[Tuple[str, str]]]] = {
             ('engine/guard/history.py', 'append'),
             ('engine/guard/scheduled_lr.py', 'read_groups'),
             ('engine/guard/lr_backoff.py', 'live_lrs'),
-            ('engine/guard/responder.py', 'enforce_backoff'),
+            ('engine/guard/recovery.py', 'enforce_backoff'),
         ]
     ),
     'RNG state for the incident batch': dict(
@@ -215,7 +215,7 @@ COMPONENTS: Dict[str, Dict[str, List[Tuple[str, str]]]] = {
         plus=[('engine/guard/responder.py', 'publish')]
     ),
     'snapshots (every snapshot_interval iterations)': dict(
-        plus=[('engine/guard/responder.py', '_take_snapshot')]
+        plus=[('engine/guard/recovery.py', 'take_snapshot')]
     ),
     'ValidateAnnotations (main-process pipeline)': dict(
         plus=[('datasets/transforms/validate_annotations.py', 'transform')]

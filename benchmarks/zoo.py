@@ -16,6 +16,13 @@ generated) is its classification. A cell stopped by a missing CPU kernel
 is run once more with ``mmnanguard::_base_/safe_modules.py`` instead of
 the include (its drop-ins replace some CUDA-only losses).
 
+The sweep merges into its ``--out`` file (``benchmarks/zoo_sweep.json``
+by default): a family run again replaces its cell, the other cells are
+kept, and ``meta.runs`` lists every run merged into it (command, start,
+end). So a sweep done in parts (``--skip`` the file
+itself to run the families not done yet, ``--families`` to run some
+again) ends as one file; ``--fresh`` starts the file anew.
+
 ``static``: every upstream config loaded with the include and rewritten
 as the runner would, without training (``zoo_static.py``).
 
@@ -24,7 +31,8 @@ the two JSON files.
 
 Usage::
 
-    python benchmarks/zoo.py sweep --out benchmarks/zoo_sweep.json
+    python benchmarks/zoo.py sweep --subset --out benchmarks/zoo_sweep.json
+    python benchmarks/zoo.py sweep --skip benchmarks/zoo_sweep.json
     python benchmarks/zoo.py sweep --families mmdet/mask_rcnn mmseg/ocrnet
     python benchmarks/zoo.py static --out benchmarks/zoo_static.json
     python benchmarks/zoo.py markdown benchmarks/zoo_sweep.json \\
@@ -42,7 +50,7 @@ import shutil
 import sys
 import tempfile
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 HERE = osp.dirname(osp.abspath(__file__))
 REPO = osp.dirname(HERE)
@@ -165,12 +173,36 @@ def _selected(family: str, args, done: List[str]) -> bool:
     return True
 
 
+def load_sweep(path: str) -> Tuple[List[Dict[str, Any]], List[Dict]]:
+    """The cells and the runs (``meta`` of each) of the sweep JSON at
+    ``path``; none when there is no such file. A file written by one run
+    before runs were merged has its ``meta`` as its one run."""
+    if not osp.exists(path):
+        return [], []
+    with open(path) as f:
+        data = json.load(f)
+    meta = data.get('meta') or {}
+    return data['cells'], list(meta.get('runs', [meta] if meta else []))
+
+
+def merge_cells(
+    old: List[Dict[str, Any]], new: List[Dict[str, Any]]
+) -> List[Dict[str, Any]]:
+    """``old`` with each family of ``new`` replacing its cell where it was,
+    and the families ``old`` has not appended in ``new``'s order."""
+    by_family = {cell['family']: cell for cell in old}
+    by_family.update((cell['family'], cell) for cell in new)
+    return list(by_family.values())
+
+
 def sweep(args) -> int:
-    """Train one cell per family; write the JSON after every cell."""
+    """Train one cell per family; merge the cells into ``args.out`` after
+    every cell (see the module docstring)."""
     work_root = args.work_root or tempfile.mkdtemp(prefix='zoo_')
     data_dir = osp.join(work_root, 'data')
     os.makedirs(data_dir, exist_ok=True)
     cells: List[Dict[str, Any]] = []
+    kept, runs = ([], []) if args.fresh else load_sweep(args.out)
     chosen = []
     done = []
     for path in args.skip or []:
@@ -227,9 +259,9 @@ def sweep(args) -> int:
             + (f" / safe_modules: {safe['status']}" if safe else ''),
             flush=True,
         )
-        _write(
-            args.out, dict(meta=_meta(args, started), cells=cells), work_root
-        )
+        meta = dict(runs=runs + [_meta(args, started)])
+        data = dict(meta=meta, cells=merge_cells(kept, cells))
+        _write(args.out, data, work_root)
         # the cell's checkpoints and incidents are summarised in the JSON
         shutil.rmtree(cell_dir, ignore_errors=True)
     return 0
@@ -291,11 +323,9 @@ def markdown(args) -> int:
     """Print the "Zoo sweep" tables from the sweep and static JSON."""
     from zoo_report import cpu_impossible, format_static, format_sweep
 
-    by_family: Dict[str, Dict[str, Any]] = {}
+    cells: List[Dict[str, Any]] = []
     for path in args.sweeps:  # a later file's cell replaces an earlier one
-        with open(path) as f:
-            by_family.update((c['family'], c) for c in json.load(f)['cells'])
-    cells = list(by_family.values())
+        cells = merge_cells(cells, load_sweep(path)[0])
     print(format_sweep(dict(cells=cells)))
     impossible = cpu_impossible(cells)
     if impossible:
@@ -327,7 +357,16 @@ def parse_args(argv: Optional[List[str]] = None):
     s.add_argument('--iters', type=int, default=3)
     s.add_argument('--timeout', type=int, default=240, help='s per cell')
     s.add_argument('--work-root', help='default: a new temp folder')
-    s.add_argument('--out', default=osp.join(HERE, 'zoo_sweep.json'))
+    s.add_argument(
+        '--out',
+        default=osp.join(HERE, 'zoo_sweep.json'),
+        help='the sweep JSON the cells are merged into',
+    )
+    s.add_argument(
+        '--fresh',
+        action='store_true',
+        help='start --out anew instead of merging into it',
+    )
     s.set_defaults(func=sweep)
     t = sub.add_parser('static', help='rewrite every config, no training')
     t.add_argument('--packages', nargs='+', default=list(PACKAGES))
@@ -336,7 +375,7 @@ def parse_args(argv: Optional[List[str]] = None):
     t.set_defaults(func=static)
     m = sub.add_parser('markdown', help='the RESULTS.md tables')
     m.add_argument(
-        'sweeps', nargs='+', help='sweep JSON files (later ones win)'
+        'sweeps', nargs='+', help='sweep JSON files (a later one wins)'
     )
     m.add_argument('--static', help='the static pass JSON')
     m.set_defaults(func=markdown)

@@ -182,7 +182,7 @@ def load_with_include(
 def data_root_for(data_dir: str, kind: str, num_classes: Optional[int]) -> str:
     """The generated data set of ``kind`` for a model of ``num_classes``
     classes under ``data_dir`` (generated on first use)."""
-    from mmnanguard.testing.shrink_data import generate_data
+    from shrink_data import generate_data
 
     key = 'all' if kind != 'dota' or num_classes is None else num_classes
     root = osp.join(data_dir, f'{kind}_{key}')
@@ -213,17 +213,18 @@ def build_cell_config(
         UnsupportedData: The config needs data that cannot be generated.
         NotAModel: The config has no model or no training data loader.
     """
-    from mmnanguard.testing.shrink import (
-        scale_image_sizes,
-        shrink_model,
-        shrink_runtime,
-    )
-    from mmnanguard.testing.shrink_data import (
+    from shrink_data import (
         PACKAGE_DATA,
         dataset_pipelines,
         model_num_classes,
         switch_dataset,
         unsupported_data,
+    )
+
+    from mmnanguard.testing.shrink import (
+        scale_image_sizes,
+        shrink_model,
+        shrink_runtime,
     )
 
     package = config_package(config)

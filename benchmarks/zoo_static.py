@@ -87,7 +87,7 @@ def _failure(err: BaseException) -> Dict[str, str]:
 def _inserted_transforms(cfg: Any) -> List[Dict[str, Any]]:
     """Every ``ValidateAnnotations`` config in the rewritten training
     pipelines (switch pipelines of hooks included)."""
-    from mmnanguard.testing.shrink_data import dataset_pipelines
+    from shrink_data import dataset_pipelines
 
     loader = cfg.get('train_dataloader') or {}
     pipelines = dataset_pipelines(loader.get('dataset'))

@@ -7,7 +7,9 @@
    ``configs/demo/rotated-retinanet-rbox-le90_r18_nanguard-demo_tiny-dota.py``:
    the unmodified upstream config shrunk for the CPU, plus the
    ``mmnanguard::_base_/nanguard.py`` include, plus one injected numerical
-   fault (a NaN gradient, ``FaultInjectionHook``).
+   fault (a NaN gradient, ``FaultInjectionHook``: a test/drill helper
+   that the config registers through ``custom_imports`` of
+   ``mmnanguard.testing``).
 3. Prints what was detected, the action taken, where each incident report
    is, and checks that the final checkpoint's weights are finite.
 

@@ -72,6 +72,8 @@ def _config(tmp_path, stage: int, max_iters: int, resume: bool) -> str:
         ' by_epoch=False))\n'
         'log_processor = dict(by_epoch=False, window_size=1)\n'
         'randomness = dict(seed=0)\n'
+        "custom_imports = dict(imports=['mmnanguard.testing'],"
+        ' allow_failed_imports=False)\n'
         'custom_hooks = [\n'
         # first: the faults' hook is HIGHEST too, and registered after it
         "    dict(type='ZeroStateRecorder', iterations=[1, 3],"

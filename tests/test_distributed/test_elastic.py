@@ -156,6 +156,8 @@ def test_two_agents_killed_node_restarts_and_resumes(tiny_dota_root, tmp_path):
     config = tmp_path / 'elastic.py'
     config.write_text(
         f'_base_ = {TINY_DOTA!r}\n'
+        "custom_imports = dict(imports=['mmnanguard.testing'],"
+        ' allow_failed_imports=False)\n'
         'custom_hooks = [\n'
         "    dict(type='FaultInjectionHook', fault='nan_optimizer_state',"
         ' iteration=1, rank=1),\n'

@@ -41,6 +41,8 @@ def _config(tmp_path, data_root: str) -> str:
         f'_base_ = [{TINY_RETINANET!r}, "mmnanguard::_base_/nanguard.py"]\n'
         "runner_type = 'FlexibleRunner'\n"
         "strategy = dict(type='DDPStrategy')\n"
+        "custom_imports = dict(imports=['mmnanguard.testing'],"
+        ' allow_failed_imports=False)\n'
         'custom_hooks = [\n'
         "    dict(type='FaultInjectionHook', fault='nan_grad', iteration=1,"
         ' rank=1),\n'
@@ -130,6 +132,8 @@ def test_train_tool_guard_option_on_flexible_runner_config(
         f'_base_ = {TINY_RETINANET!r}\n'
         "runner_type = 'FlexibleRunner'\n"
         "strategy = dict(type='DDPStrategy')\n"
+        "custom_imports = dict(imports=['mmnanguard.testing'],"
+        ' allow_failed_imports=False)\n'
         "custom_hooks = [dict(type='FaultInjectionHook', fault='inf_loss',"
         ' iteration=0, rank=1)]\n'
         'train_cfg = dict(max_epochs=1)\n'

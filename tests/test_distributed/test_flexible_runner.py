@@ -172,6 +172,8 @@ def test_flexible_runner_trains_and_skips_a_fault(tiny_coco_root, tmp_path):
     path = _write(
         tmp_path,
         "strategy = dict(type='SingleDeviceStrategy')\n"
+        "custom_imports = dict(imports=['mmnanguard.testing'],"
+        ' allow_failed_imports=False)\n'
         "custom_hooks = [dict(type='FaultInjectionHook', fault='inf_loss',"
         ' iteration=1)]\n'
         'nanguard = dict(hooks=[])\n',

@@ -44,6 +44,8 @@ HERE = osp.dirname(osp.abspath(__file__))
 pytestmark = pytest.mark.slow
 
 FAULTS = (
+    "custom_imports = dict(imports=['mmnanguard.testing'],"
+    ' allow_failed_imports=False)\n'
     'custom_hooks = [\n'
     "    dict(type='FaultInjectionHook', fault='inf_loss', iteration=1,"
     ' rank=1),\n'

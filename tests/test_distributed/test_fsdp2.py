@@ -47,6 +47,8 @@ def test_fsdp2_fault_on_one_rank_agreed_skip_and_rollback(
     config = tmp_path / 'fsdp2.py'
     config.write_text(
         f'_base_ = [{TINY_RETINANET!r}, "mmnanguard::_base_/nanguard.py"]\n'
+        "custom_imports = dict(imports=['mmnanguard.testing'],"
+        ' allow_failed_imports=False)\n'
         'custom_hooks = [\n'
         "    dict(type='FaultInjectionHook', fault='nan_grad', iteration=1,"
         ' rank=1),\n'

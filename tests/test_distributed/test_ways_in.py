@@ -214,7 +214,7 @@ def _upstream_config(tmp_path, work) -> str:
     """A config with the include, as a user writes it for an upstream
     ``tools/train.py``: the toy run of the ways-in cells (the fault on rank
     1) as a base file, the include, and ``custom_imports`` for the toy
-    model."""
+    model and for ``FaultInjectionHook`` (``mmnanguard.testing``)."""
     from ways_in_worker import build_cfg
 
     base = build_cfg('upstream', 'runner', str(work), 6, False)
@@ -223,8 +223,8 @@ def _upstream_config(tmp_path, work) -> str:
     config = tmp_path / 'protected.py'
     config.write_text(
         "_base_ = ['./toy_run.py', 'mmnanguard::_base_/nanguard.py']\n"
-        "custom_imports = dict(imports=['ways_in_toy'], "
-        'allow_failed_imports=False)\n'
+        "custom_imports = dict(imports=['ways_in_toy', 'mmnanguard.testing'],"
+        ' allow_failed_imports=False)\n'
     )
     return str(config)
 

@@ -7,8 +7,12 @@ from integration_utils import NANGUARD_RTMDET
 from mmengine.hooks import EMAHook
 from mmengine.registry import RUNNERS
 
-from mmnanguard.engine.hooks import FaultInjectionHook, NanGuardHook
-from mmnanguard.testing import load_tiny_config, tensors_all_finite
+from mmnanguard.engine.hooks import NanGuardHook
+from mmnanguard.testing import (
+    FaultInjectionHook,
+    load_tiny_config,
+    tensors_all_finite,
+)
 
 
 @pytest.mark.slow

@@ -1,5 +1,5 @@
 # Copyright (c) mmnanguard contributors. All rights reserved.
-"""One source of settings: the classes, the includes and docs/usage.md.
+"""One source of settings: the classes and the includes.
 
 ``configs/_base_/nanguard_settings.py`` documents what each key does for a
 user; :class:`GuardSettings`, :class:`SpikeSettings` and
@@ -7,12 +7,12 @@ user; :class:`GuardSettings`, :class:`SpikeSettings` and
 ``nanguard`` key without the include) gets. Every key the include sets is
 compared with the class default, so the two cannot drift apart. The variant
 includes (``*_recover``, ``*_strict``, ``safe_modules``) may differ from
-the base only in the keys their comments name.
+the base only in the keys their comments name. (docs/usage.md against
+the classes: ``test_docs_settings.py``.)
 """
 
 import dataclasses
 import os.path as osp
-import re
 from typing import Any, Dict
 
 import pytest
@@ -124,38 +124,3 @@ def test_variant_differs_only_in_its_named_keys(name):
     changed = {key for key in variant if variant[key] != base[key]}
     assert changed == VARIANT_CHANGES[name]
     ProtectionSettings.from_dict(variant)  # valid as a whole
-
-
-# -- docs/usage.md lists every setting, and only settings -------------------
-USAGE = osp.join(REPO, 'docs', 'usage.md')
-SETTINGS_START = 'Settings (all validated'
-
-
-def _usage_settings_paragraph() -> str:
-    with open(USAGE, encoding='utf-8') as f:
-        text = f.read()
-    start = text.index(SETTINGS_START)
-    end = text.find('\n\n', start)
-    return text[start : len(text) if end < 0 else end]
-
-
-def _listed_names(paragraph: str) -> set:
-    """Names in backticks that look like a setting (``lower_case``)."""
-    return {
-        name
-        for name in re.findall(r'`([^`]+)`', paragraph)
-        if re.fullmatch(r'[a-z][a-z0-9_]*', name)
-    }
-
-
-def test_usage_lists_exactly_the_settings():
-    paragraph = _usage_settings_paragraph()
-    listed = _listed_names(paragraph)
-    settings = {f.name for f in dataclasses.fields(GuardSettings)}
-    settings |= set(RUNNER_KEYS)
-    assert listed - settings == set(), 'docs/usage.md names unknown settings'
-    assert settings - listed == set(), 'docs/usage.md omits settings'
-    # the fields of spike=dict(...) are named where spike is described
-    words = set(re.findall(r'[a-z_]+', paragraph))
-    spike_fields = {f.name for f in dataclasses.fields(SpikeSettings)}
-    assert spike_fields - words == set()

@@ -6,7 +6,9 @@ Each :class:`Case` is a config that a user of that toolbox would write on
 top of the stack's own upstream config (RetinaNet and rotated RetinaNet
 directly, FCN through the shipped ``mmnanguard::tiny/...`` config, an
 upstream config shrunk for the CPU), 2 iterations on generated data with
-a NaN gradient planted at iteration 1 by ``FaultInjectionHook``.
+a NaN gradient planted at iteration 1 by ``FaultInjectionHook`` (a
+test/drill helper, which the config's ``custom_imports`` registers by
+importing ``mmnanguard.testing``).
 :func:`check_run` trains it with ``mmnanguard-train`` and checks the
 incident, the skipped step and the checkpoint; :func:`check_resume`
 resumes it to iteration 4.
@@ -21,7 +23,8 @@ import sys
 import time
 from typing import Callable, Dict, List, NamedTuple, Sequence
 
-#: What every case appends: 2 iterations, a checkpoint at 2, the fault.
+#: What every case appends: 2 iterations, a checkpoint at 2, the fault
+#: (``FaultInjectionHook`` is registered only by ``mmnanguard.testing``).
 RUN_SETTINGS = """
 train_cfg = dict(
     _delete_=True, type='IterBasedTrainLoop', max_iters=2, val_interval=100
@@ -38,6 +41,9 @@ default_hooks = dict(
 )
 log_processor = dict(window_size=1, by_epoch=False)
 randomness = dict(seed=0)
+custom_imports = dict(
+    imports=['mmnanguard.testing'], allow_failed_imports=False
+)
 custom_hooks = [dict(type='FaultInjectionHook', fault='nan_grad', iteration=1)]
 """
 

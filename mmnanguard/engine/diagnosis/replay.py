@@ -12,6 +12,8 @@ import torch
 from mmengine.model import BaseModel
 from torch import nn
 
+from mmnanguard.compat.mmengine_private import run_forward
+
 from ..guard.finite import json_number, total_norm
 from ..guard.rng import capture_rng_state, restore_rng_state
 from .magnitude import first_out_of_range, largest_outputs
@@ -184,7 +186,7 @@ def replay_batch(
             warnings.simplefilter('always')
             with cast:
                 preprocessed = model.data_preprocessor(batch, True)
-                losses = model._run_forward(preprocessed, mode='loss')
+                losses = run_forward(model)(preprocessed, mode='loss')
             loss, log_vars = BaseModel.parse_losses(model, losses)
             result.loss_terms = {
                 k: json_number(v) for k, v in log_vars.items()

@@ -2,7 +2,7 @@
 """The event the guard emits for every incident it records."""
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 from ..incident import IncidentReport
 from .snapshot import TrainingSnapshot
@@ -39,3 +39,21 @@ class IncidentEvent:
     def batch(self) -> Dict[str, Any]:
         """``data_batch`` and ``rng_state``, as ``batch.pth`` holds them."""
         return dict(data_batch=self.data_batch, rng_state=self.rng_state)
+
+
+#: Called as ``listener(runner, event)`` for every incident.
+Listener = Callable[[Any, IncidentEvent], None]
+
+
+@dataclass
+class IterationTrace:
+    """What the hook keeps of one iteration for a report and a replay:
+    references, no copies.
+
+    Args:
+        data_batch: The batch as the dataloader gave it.
+        rng_state (dict, optional): The RNG states at its start.
+    """
+
+    data_batch: Any = None
+    rng_state: Optional[Dict[str, Any]] = None

@@ -13,6 +13,8 @@ from typing import Any, List, Optional
 import torch
 from torch import Tensor
 
+from mmnanguard.compat.mmengine_private import run_forward, set_run_forward
+
 from ..incident.batch_layout import target_tensors
 from .step_guard import StepGuard
 
@@ -83,16 +85,16 @@ def capture_input_finiteness(model, step_guard: StepGuard) -> None:
         step_guard (StepGuard): Told the flag (``note_inputs``).
     """
     model._nanguard_input_guard = step_guard
-    if getattr(model._run_forward, '_nanguard_inputs', False):
+    if getattr(run_forward(model), '_nanguard_inputs', False):
         return
-    run_forward = model._run_forward
+    forward = run_forward(model)
 
     def check_and_run(data, mode):
         if mode == 'loss' and model.training:
             model._nanguard_input_guard.note_inputs(
                 finite_flag(batch_tensors(data))
             )
-        return run_forward(data, mode)
+        return forward(data, mode)
 
     check_and_run._nanguard_inputs = True
-    model._run_forward = check_and_run
+    set_run_forward(model, check_and_run)

@@ -15,6 +15,8 @@ from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
 from mmengine.optim import OptimWrapperDict
 
+from mmnanguard.compat.mmengine_private import last_values, scheduler_steps
+
 
 def _lr_only(schedulers: Any) -> List[Any]:
     return [
@@ -51,9 +53,9 @@ def carried_values(runner) -> List[Set[float]]:
         for i in range(count):
             carried.append(
                 {
-                    float(s._last_value[i])
+                    float(last_values(s)[i])
                     for s in schedulers
-                    if len(getattr(s, '_last_value', None) or []) > i
+                    if len(last_values(s)) > i
                 }
             )
     return carried
@@ -142,7 +144,7 @@ class ScheduledLr:
     def _last_values(self, key: Any, schedulers: List[Any]) -> List[Any]:
         """``_last_value`` of the scheduler of optimizer ``key`` that
         stepped last."""
-        steps = {id(s): getattr(s, '_global_step', 0) for s in schedulers}
+        steps = {id(s): scheduler_steps(s) for s in schedulers}
         before = self._steps.get(key)
         current = self._current.get(key)
         if current is None or before is None:
@@ -158,4 +160,4 @@ class ScheduledLr:
                 current = (by_epoch or changed)[-1]
         self._current[key] = current
         self._steps[key] = steps
-        return list(getattr(current, '_last_value', None) or [])
+        return last_values(current)

@@ -83,6 +83,21 @@ class SpikeCheck:
     values: Tensor
     references: Tensor
 
+    def merged(self, later: 'SpikeCheck', grad_name: str) -> 'SpikeCheck':
+        """This check of the losses joined with ``later``'s check of the
+        gradient norm ``grad_name``, each with the other's rows unchecked
+        (device operations only: no copy from the host)."""
+        row = later.names.index(grad_name)
+        values, refs = self.values.clone(), self.references.clone()
+        values[row] = later.values[row]
+        refs[row] = later.references[row]
+        return SpikeCheck(
+            names=later.names,
+            flags=self.flags | later.flags,
+            values=values,
+            references=refs,
+        )
+
     def spikes(
         self,
         flags: List[float],

@@ -25,41 +25,26 @@ the verdict catches before the step (and no rank skips a collective).
 """
 
 import math
-from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import torch
 from mmengine import dist
 from torch import Tensor
 
+from mmnanguard.compat.grad_scaler_state import amp_state
+
 from .agreed_flags import AgreedFlags
-from .dtensor import global_value, local
-from .finite import any_nonfinite
+from .dtensor import local
 from .grad_norm import GradNorm, grad_norm
-from .spike_detector import SpikeCheck, SpikeDetector
+from .loss_window import LossWindow, as_read_scalar, read_dtype
+from .params_check import ParamsCheck
+from .spike_detector import SpikeDetector
 from .verdict import IterationOutcome, StepVerdict
 
 #: A veto looks at a step's verdict and returns the reason to drop the
 #: update, or None. It runs on the host after the read, so it must decide
 #: from the verdict alone (which all ranks share) to keep ranks in step.
 Veto = Callable[[StepVerdict], Optional[str]]
-
-
-@dataclass
-class _LossWindow:
-    """The losses one optimizer wrapper saw since its last step."""
-
-    bad: Tensor  # any non-finite loss in the window (0-dim bool)
-    first_bad: Tensor  # its iteration, -1 when none (0-dim float64)
-    last: Tensor  # the newest loss (for the spike detector)
-
-
-def _dtype(device: torch.device) -> torch.dtype:
-    return torch.float32 if device.type == 'mps' else torch.float64
-
-
-def _as(value: Tensor, device: torch.device) -> Tensor:
-    return value.detach().reshape(()).to(device, _dtype(device))
 
 
 class StepGuard:
@@ -89,10 +74,10 @@ class StepGuard:
         param_check_interval: int = 1,
     ) -> None:
         self.named_params = named_params
-        self.buffers = list(buffers)
         self.top_k_grads = top_k_grads
         self.spike_detector = spike_detector
-        self.param_check_interval = param_check_interval
+        #: The queued check of the parameters after a step.
+        self.params_check = ParamsCheck(buffers, param_check_interval)
         self.vetoes: List[Veto] = []
         #: Host flags that travel in the read (and its ``all_reduce``):
         #: ``name -> callable returning this rank's bool``; the verdict's
@@ -106,9 +91,7 @@ class StepGuard:
         self.check_params_after_step = False
         self._inputs_flag: Optional[Tensor] = None
         self._loss_terms: Dict[str, Any] = {}
-        self._windows: Dict[int, _LossWindow] = {}
-        self._params_flag: Optional[Tensor] = None
-        self._params_iteration: Optional[int] = None
+        self._windows: Dict[int, LossWindow] = {}
         self._params_seen: Optional[tuple] = None
         self._steps = 0
 
@@ -133,25 +116,9 @@ class StepGuard:
 
     def note_loss(self, owner: object, loss: Tensor) -> None:
         """The loss ``owner`` (an optim wrapper) runs backward on."""
-        loss = global_value(loss.detach())
-        bad = ~torch.isfinite(loss).all()
-        window = self._windows.get(id(owner))
-        if window is None:
-            first = torch.full(
-                (), -1.0, device=loss.device, dtype=_dtype(loss.device)
-            )
-            window = _LossWindow(bad, first, loss)
-            window.first_bad = torch.where(
-                bad, float(self.iteration), window.first_bad
-            )
-        else:
-            new = bad & ~window.bad
-            window.first_bad = torch.where(
-                new, float(self.iteration), window.first_bad
-            )
-            window.bad = window.bad | bad
-            window.last = loss
-        self._windows[id(owner)] = window
+        self._windows[id(owner)] = LossWindow.extended(
+            self._windows.get(id(owner)), loss, self.iteration
+        )
 
     # -- the read ----------------------------------------------------------
     def read(
@@ -179,7 +146,7 @@ class StepGuard:
         grad_params = [p for p in params if p.grad is not None]
         window = self._windows.pop(id(owner), None)
         device = self._device(grad_params, window)
-        dtype = _dtype(device)
+        dtype = read_dtype(device)
         zero = torch.zeros((), device=device, dtype=dtype)
         norm: Optional[GradNorm] = None
         if grad_params:
@@ -191,7 +158,9 @@ class StepGuard:
         folded = norm is not None and norm.folded
         # the total first; a folded one is put in after the all_reduce
         parts: List[Tensor] = [
-            zero.reshape(1) if folded else _as(total, device).reshape(1)
+            zero.reshape(1)
+            if folded
+            else as_read_scalar(total, device).reshape(1)
         ]
         layout: Dict[str, slice] = {}
 
@@ -200,7 +169,9 @@ class StepGuard:
             if isinstance(values, Tensor):
                 values = values.detach().to(device, dtype).reshape(-1)
             else:
-                values = torch.stack([_as(v, device) for v in values])
+                values = torch.stack(
+                    [as_read_scalar(v, device) for v in values]
+                )
             start = sum(p.numel() for p in parts)
             parts.append(values)
             layout[name] = slice(start, start + values.numel())
@@ -214,11 +185,9 @@ class StepGuard:
         else:
             loss_bad, first_bad = zero, zero - 1
         add('loss', [loss_bad, first_bad])
-        params_flag, params_iteration = self._params_flag, None
+        params_flag, params_iteration = self.params_check.take()
         if params_flag is not None:
-            params_iteration = self._params_iteration
             add('params', [params_flag])
-            self._params_flag = None
         if self._inputs_flag is not None:
             add('inputs', [self._inputs_flag])
         if folded:
@@ -231,13 +200,13 @@ class StepGuard:
         }
         if terms:
             add('terms', list(terms.values()))
-        amp_state = _amp_state(scaler, optimizer) if scaler else None
-        if amp_state is not None:
-            add('amp', list(amp_state))
+        amp = amp_state(scaler, optimizer) if scaler else None
+        if amp is not None:
+            add('amp', list(amp))
         check = None
         detector = self.spike_detector
         suffix = f'#{self._steps}' if self._steps else ''
-        checks_grad = amp_state is None and bool(grad_params)
+        checks_grad = amp is None and bool(grad_params)
         if detector is not None:
             values = detector.loss_values(
                 window.last if window else None, self._loss_terms, suffix
@@ -259,18 +228,18 @@ class StepGuard:
             )
         if dist.get_world_size() > 1:
             votes = AgreedFlags(
-                loss=_as(loss_bad, device),
+                loss=as_read_scalar(loss_bad, device),
                 grad=(local_grad_bad if folded else ~torch.isfinite(total)).to(
                     dtype
                 ),
-                params=_as(params_flag, device)
+                params=as_read_scalar(params_flag, device)
                 if params_flag is not None
                 else zero,
                 spike=check.flags.any().to(dtype)
                 if check is not None
                 else zero,
-                amp_inf=_as(amp_state[0], device)
-                if amp_state is not None
+                amp_inf=as_read_scalar(amp[0], device)
+                if amp is not None
                 else zero,
             ).to_list()
             if names:
@@ -282,7 +251,7 @@ class StepGuard:
             add('agreed', agreed)
             if folded:
                 total = norm.unfold(AgreedFlags.tail(agreed, len(names)))
-                parts[0] = _as(local(total), device).reshape(1)
+                parts[0] = as_read_scalar(local(total), device).reshape(1)
                 if detector is not None and checks_grad:
                     later = detector.check(
                         {},
@@ -291,7 +260,7 @@ class StepGuard:
                         AgreedFlags.view(agreed).spike > 0,
                     )
                     if later is not None:  # then ``check`` is too
-                        check = _merge(check, later, 'grad_norm' + suffix)
+                        check = check.merged(later, 'grad_norm' + suffix)
         if check is not None:
             add('spike_flags', check.flags)
             add('spike_values', check.values)
@@ -388,7 +357,7 @@ class StepGuard:
 
     @staticmethod
     def _device(
-        grad_params: List[Tensor], window: Optional[_LossWindow]
+        grad_params: List[Tensor], window: Optional[LossWindow]
     ) -> torch.device:
         if window is not None:
             return window.last.device
@@ -397,109 +366,37 @@ class StepGuard:
         return torch.device('cpu')
 
     # -- after the step ----------------------------------------------------
-    def after_step(self, params: Sequence[Tensor], stepped: bool) -> None:
-        """Count the step; queue the parameter check when it is due.
+    def after_step(
+        self, params: Sequence[Tensor], stepped: bool, amp_skip: bool = False
+    ) -> None:
+        """Count the step in :attr:`outcome`; queue the parameter check
+        when it is due.
 
         Args:
             params (Sequence[Tensor]): The wrapper's parameters.
             stepped (bool): Whether the optimizer stepped.
+            amp_skip (bool): The step was not taken because the GradScaler
+                found an inf (not the guard's decision). Defaults to False.
         """
-        if not stepped:
-            return
-        interval = self.param_check_interval
-        due = interval > 0 and (self.iteration + 1) % interval == 0
-        if not (due or self.check_params_after_step):
-            return
-        self._queue_params_check(params, self.iteration)
+        if stepped:
+            self.outcome.steps += 1
+        elif amp_skip:
+            self.outcome.amp_skipped += 1
+        else:
+            self.outcome.skipped += 1
+        if stepped and (
+            self.params_check.due(self.iteration)
+            or self.check_params_after_step
+        ):
+            self.params_check.queue(params, self.iteration)
 
     def check_initial_params(self, params: Sequence[Tensor]) -> None:
         """Queue a check of the parameters training starts from (read with
         the first step, as the check of the step before it)."""
-        self._queue_params_check(params, self.iteration - 1)
-
-    def _queue_params_check(
-        self, params: Sequence[Tensor], iteration: int
-    ) -> None:
-        tensors = [local(p.detach()) for p in params] + [
-            b for b in self.buffers if b.is_floating_point()
-        ]
-        if not tensors:
-            return
-        flag = any_nonfinite(tensors)
-        if self._params_flag is not None:
-            flag = flag | self._params_flag.to(flag.device)
-        self._params_flag = flag
-        self._params_iteration = iteration
+        self.params_check.queue(params, self.iteration - 1)
 
     def forget_pending(self) -> None:
         """Drop what was queued for the next read (after a rollback
         restored a known-good state)."""
-        self._params_flag = None
-        self._params_iteration = None
+        self.params_check.forget()
         self._windows.clear()
-
-    def pending_params_check(self) -> Optional[int]:
-        """The iteration whose parameter check is not read yet, or None."""
-        return None if self._params_flag is None else self._params_iteration
-
-    def flush(self) -> Optional[bool]:
-        """Read a pending parameter check now (one read; at the end of
-        training). Returns whether the parameters were finite (agreed by
-        all ranks), or None when no check was pending."""
-        read = self.read_pending_params()
-        return None if read is None else read[0]
-
-    def read_pending_params(self) -> Optional[Tuple[bool, bool]]:
-        """Read a pending parameter check now (one read, before a
-        checkpoint or at the end of training).
-
-        Returns:
-            tuple[bool, bool] | None: Whether the parameters were finite
-            on every rank (agreed) and on this rank alone; None when no
-            check was pending.
-        """
-        flag = self._params_flag
-        if flag is None:
-            return None
-        self._params_flag = None
-        own = flag.to(_dtype(flag.device)).reshape(1)
-        votes = own.clone()
-        if dist.get_world_size() > 1:
-            dist.all_reduce(votes, op='sum')
-        agreed_bad, own_bad = torch.cat([votes, own]).tolist()
-        return not agreed_bad, not own_bad
-
-
-def _merge(first: SpikeCheck, later: SpikeCheck, grad_name: str) -> SpikeCheck:
-    """One check of the losses (``first``) and of the gradient norm
-    ``grad_name`` (``later``), each with the other's rows unchecked (device
-    operations only: no copy from the host)."""
-    row = later.names.index(grad_name)
-    values, refs = first.values.clone(), first.references.clone()
-    values[row] = later.values[row]
-    refs[row] = later.references[row]
-    return SpikeCheck(
-        names=later.names,
-        flags=first.flags | later.flags,
-        values=values,
-        references=refs,
-    )
-
-
-def _amp_state(scaler: Any, optimizer: Any) -> Optional[List[Tensor]]:
-    """``found_inf``, scale and growth tracker of an enabled GradScaler that
-    unscaled ``optimizer``, as device tensors (torch's GradScaler keeps
-    them in ``_per_optimizer_states``, ``_scale`` and ``_growth_tracker``;
-    ``get_scale()`` would read the scale on the host)."""
-    if scaler is None or not scaler.is_enabled():
-        return None
-    state = scaler._per_optimizer_states[id(optimizer)]
-    found = list(state['found_inf_per_device'].values())
-    scale = scaler._scale
-    device = scale.device
-    found_inf = (
-        torch.stack([f.to(device) for f in found]).sum()
-        if found
-        else torch.zeros((), device=device)
-    )
-    return [found_inf, scale, scaler._growth_tracker]

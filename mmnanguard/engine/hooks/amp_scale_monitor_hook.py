@@ -7,6 +7,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from mmengine.hooks import Hook
 from mmengine.optim import AmpOptimWrapper, OptimWrapperDict
 
+from mmnanguard.compat.mmengine_private import static_loss_scale
 from mmnanguard.registry import HOOKS, register_shared
 
 from ..guard.exceptions import AmpScaleCollapseError
@@ -166,10 +167,10 @@ class AmpScaleMonitorHook(Hook):
                     f'optim wrapper {name or "optim_wrapper"!r} trains on a '
                     "device without bf16; use on_collapse='fp32'"
                 )
-            if wrapper._scale_update_param is not None:
+            if static_loss_scale(wrapper) is not None:
                 runner.logger.warning(
                     f'AmpScaleMonitorHook: {_label(name)} uses a static '
-                    f'loss_scale={wrapper._scale_update_param}; a static '
+                    f'loss_scale={static_loss_scale(wrapper)}; a static '
                     'scale never moves, so skipped steps cannot be seen'
                 )
             if (

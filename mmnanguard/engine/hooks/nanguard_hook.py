@@ -13,12 +13,13 @@ from mmnanguard.registry import HOOKS, register_shared
 from ..guard import GuardSettings, StepGuard
 from ..guard.checkpoint_layout import ShardedCheckpointError, one_rank_shards
 from ..guard.dropped_step_scalars import DroppedStepScalars
+from ..guard.incident_event import IterationTrace, Listener
 from ..guard.input_check import capture_input_finiteness
 from ..guard.loss_terms import capture_loss_terms
 from ..guard.lr_backoff import lr_setting_hooks, non_chaining_schedulers
 from ..guard.optim_members import optim_wrapper_members
 from ..guard.rank_agreement import is_distributed
-from ..guard.responder import GuardResponder, IterationTrace, Listener
+from ..guard.responder import GuardResponder
 from ..guard.rng import capture_rng_state
 from ..guard.save_agreement import agree_around_saves, agree_before_save
 from ..guard.snapshot import unwrap_model

@@ -110,10 +110,6 @@ class GuardedDeepSpeedOptimWrapper(
         else:
             with deepspeed_zero.forced_overflow(self.optimizer):
                 super().step(**kwargs)
-        if stepped:
-            guard.outcome.steps += 1
-        else:
-            guard.outcome.skipped += 1
         guard.after_step(self._params(), stepped)
 
     def snapshot_state_dict(self) -> Dict[str, Any]:

@@ -34,6 +34,7 @@ from typing import Dict, List, Optional, Type
 import torch
 from mmengine.optim import AmpOptimWrapper, OptimWrapper
 
+from mmnanguard.compat.mmengine_private import count_step, static_loss_scale
 from mmnanguard.registry import OPTIM_WRAPPERS, register_shared
 
 from ..guard.optim_members import optim_wrapper_members
@@ -98,14 +99,8 @@ class GuardedOptimWrapperMixin:
         if scaler is not None and verdict.amp_raw is not None:
             verdict.amp = _amp_step(self, verdict)
             self._amp_step, self._amp_iteration = verdict.amp, guard.iteration
-        outcome = guard.outcome
-        if stepped:
-            outcome.steps += 1
-        elif verdict.guard_drops or scaler is None:
-            outcome.skipped += 1
-        else:
-            outcome.amp_skipped += 1
-        guard.after_step(self._params(), stepped)
+        amp_skip = not (stepped or verdict.guard_drops or scaler is None)
+        guard.after_step(self._params(), stepped, amp_skip)
 
     def amp_step_of(self, iteration: int) -> Optional[AmpStep]:
         """The GradScaler's side of this wrapper's step in ``iteration``
@@ -143,7 +138,7 @@ class GuardedOptimWrapperMixin:
             scaler.step(self.optimizer, **kwargs)  # fused optimizers
         elif not found_inf:
             self.optimizer.step(**kwargs)
-        scaler.update(self._scale_update_param)
+        scaler.update(static_loss_scale(self))
         return not found_inf
 
     def _drop_step(self, scaler) -> None:
@@ -175,8 +170,8 @@ def _amp_step(wrapper, verdict: StepVerdict) -> AmpStep:
     dropped_by_guard = verdict.guard_drops
     if dropped_by_guard:
         pass
-    elif wrapper._scale_update_param is not None:
-        after = float(wrapper._scale_update_param)
+    elif static_loss_scale(wrapper) is not None:
+        after = float(static_loss_scale(wrapper))
     elif found_inf:
         after, tracker_after = scale * scaler.get_backoff_factor(), 0
     elif tracker + 1 >= scaler.get_growth_interval():
@@ -290,7 +285,7 @@ def _retarget_scheduler_counter(wrapper) -> None:
 
     @functools.wraps(guarded)
     def step_with_counter(*args, **kwargs):
-        wrapper._global_step += 1
+        count_step(wrapper)
         return guarded(*args, **kwargs)
 
     step_with_counter._with_counter = True

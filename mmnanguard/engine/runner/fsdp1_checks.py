@@ -14,6 +14,8 @@ skips and rollbacks from memory work with local state dicts.
 
 from typing import Any, List
 
+from mmnanguard.compat.mmengine_private import load_request
+
 from ..guard.fsdp1_state import writes_full_state
 
 try:
@@ -41,10 +43,11 @@ def unloadable_uses(runner: Any) -> List[str]:
     uses = []
     if runner.protection.guard.get('rollback_source') == 'checkpoint':
         uses.append("nanguard.rollback_source='checkpoint'")
-    if runner._resume:
-        uses.append(f'resume={runner._resume!r}')
-    if runner._load_from is not None:
-        uses.append(f'load_from={runner._load_from!r}')
+    load_from, resume = load_request(runner)
+    if resume:
+        uses.append(f'resume={resume!r}')
+    if load_from is not None:
+        uses.append(f'load_from={load_from!r}')
     return uses
 
 

@@ -20,6 +20,13 @@ from mmengine.model import is_model_wrapper
 from mmengine.optim import AmpOptimWrapper, OptimWrapperDict
 
 from mmnanguard.compat.cpu_distributed import prepare_cpu_distributed
+from mmnanguard.compat.mmengine_private import (
+    has_loaded,
+    load_request,
+    mark_loaded,
+    set_train_dataloader,
+    train_dataloader,
+)
 from mmnanguard.optional import require_packages
 from mmnanguard.registry import HOOKS
 
@@ -111,9 +118,10 @@ def protect_model(runner: Any, model: Any) -> Any:
         runner.protection, read_model_facts(inner)
     )
     notes += more
-    loader = runner._train_dataloader
+    loader = train_dataloader(runner)
     if isinstance(loader, dict):
-        runner._train_dataloader = loader = copy.deepcopy(loader)
+        loader = copy.deepcopy(loader)
+        set_train_dataloader(runner, loader)
     notes += insert_into_dataloader(loader, transform)
     runner.validate_transform = transform
     runner.protection_notes += notes
@@ -167,7 +175,7 @@ def add_protection_hooks(runner: Any) -> None:
     if not runner.protection.enabled:
         log("policy='off': no protection added", logging.WARNING)
         return
-    if any(isinstance(h, NanGuardHook) for h in runner._hooks):
+    if any(isinstance(h, NanGuardHook) for h in runner.hooks):
         log(
             'a NanGuardHook is already in custom_hooks; it is kept and '
             'the nanguard settings are not applied',
@@ -182,7 +190,7 @@ def add_protection_hooks(runner: Any) -> None:
         if when == 'amp' and not amp:
             continue
         hook = HOOKS.build(hook_cfg)
-        if any(type(h) is type(hook) for h in runner._hooks):
+        if any(type(h) is type(hook) for h in runner.hooks):
             log(
                 f'a {type(hook).__name__} is already configured; the '
                 'one in nanguard.hooks is not added',
@@ -190,15 +198,15 @@ def add_protection_hooks(runner: Any) -> None:
             )
             continue
         runner.register_hook(hook)
-    for hook in runner._hooks:
+    for hook in runner.hooks:
         if isinstance(getattr(hook, 'switch_pipeline', None), list):
             hook.switch_pipeline = copy.deepcopy(hook.switch_pipeline)
     notes = insert_into_switch_pipelines(
-        runner._hooks, runner.validate_transform
+        runner.hooks, runner.validate_transform
     )
     runner.protection_notes += notes
     log_notes(notes)
-    names = [type(h).__name__ for h in runner._hooks]
+    names = [type(h).__name__ for h in runner.hooks]
     log(f'protection active, hooks in order: {names}')
 
 
@@ -221,13 +229,14 @@ def protected_load_or_resume(runner: Any, base: Callable[[], Any]) -> None:
             or the guard's state is not of the form mmengine and
             mmnanguard write.
     """
-    if runner._has_loaded or not runner.protection.enabled:
+    load_from, resume = load_request(runner)
+    if has_loaded(runner) or not runner.protection.enabled:
         return base()
-    if not runner._resume:
-        if runner._load_from is not None:
-            check_load_from(runner._load_from)
+    if not resume:
+        if load_from is not None:
+            check_load_from(load_from)
         return base()
-    path = resume_target(runner.work_dir, runner._load_from, fit_check(runner))
+    path = resume_target(runner.work_dir, load_from, fit_check(runner))
     if path is not None:
         try:
             runner.resume(path)
@@ -238,7 +247,7 @@ def protected_load_or_resume(runner: Any, base: Callable[[], Any]) -> None:
                 'is; resume from another checkpoint with --resume CKPT.'
             ) from err
         check_resumed_values(runner, path, find_checkpoint_hook(runner))
-        runner._has_loaded = True
+        mark_loaded(runner)
     return None
 
 

@@ -12,6 +12,7 @@ import torch
 from diagnosis_helpers import train_until_incident
 from mmengine.hooks import Hook
 
+import mmnanguard.testing  # noqa: F401  (registers FaultInjectionHook)
 from mmnanguard.engine.hooks import NanDiagnosisHook
 
 SCALED_MODULE = 'backbone.layer2.0.conv1'

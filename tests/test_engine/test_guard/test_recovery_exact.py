@@ -119,7 +119,7 @@ def train(work_dir, data_root, guard, fault, max_iters):
         def after_train_iter(
             self, run, batch_idx, data_batch=None, outputs=None
         ):
-            queued = hook.step_guard.pending_params_check()
+            queued = hook.step_guard.params_check.pending
             if queued is not None:
                 checks.append(queued)
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch import nn
 
-from mmnanguard.engine.hooks.fault_injection_hook import _gradient_target
+from mmnanguard.testing.fault_injection_hook import _gradient_target
 
 
 class Three(nn.Module):

@@ -1,5 +1,19 @@
 # Copyright (c) mmnanguard contributors. All rights reserved.
-"""Inject a known numerical fault at one iteration (chaos testing)."""
+"""Inject a known numerical fault at one iteration (chaos testing).
+
+:class:`FaultInjectionHook` is a test and drill helper, not part of the
+product: ``import mmnanguard`` does not register it. It is registered (in
+mmnanguard's ``HOOKS`` and in MMEngine's root ``HOOKS``, so that
+``type='FaultInjectionHook'`` builds in every scope) only on
+``import mmnanguard.testing``. A config that plants a fault imports it
+itself:
+
+Example:
+    >>> custom_imports = dict(
+    ...     imports=['mmnanguard.testing'], allow_failed_imports=False)
+    >>> custom_hooks = [
+    ...     dict(type='FaultInjectionHook', fault='nan_grad', iteration=6)]
+"""
 
 from typing import Any, List, Optional, Set
 
@@ -8,11 +22,10 @@ import torch.nn as nn
 from mmengine.dist import get_rank
 from mmengine.hooks import Hook
 
+from mmnanguard.engine.guard.dtensor import local
+from mmnanguard.engine.guard.snapshot import unwrap_model
+from mmnanguard.engine.optimizers import optim_wrapper_members
 from mmnanguard.registry import HOOKS, register_shared
-
-from ..guard.dtensor import local
-from ..guard.snapshot import unwrap_model
-from ..optimizers import optim_wrapper_members
 
 FAULTS = (
     'nan_pixel',
@@ -27,6 +40,10 @@ FAULTS = (
 @register_shared(HOOKS)
 class FaultInjectionHook(Hook):
     """Plant one numerical fault at ``iteration`` to show what a guard does.
+
+    A test and drill helper: registered only on ``import mmnanguard.testing``
+    (in a config: ``custom_imports=dict(imports=['mmnanguard.testing'],
+    allow_failed_imports=False)``).
 
     Faults:
 

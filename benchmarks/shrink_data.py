@@ -12,6 +12,12 @@ the model's smallest ``num_classes``, so that every label is one the model
 can take; for COCO and DOTA the data set's class list is padded with
 unannotated names to the model's ``num_classes`` (mmdet's
 ``NumClassCheckHook`` compares the two). The model is not changed.
+
+A benchmark helper, not part of the package: the zoo sweep
+(``benchmarks/zoo_cell.py``, ``benchmarks/zoo_static.py``) imports it as
+a sibling module (``benchmarks/`` is on ``sys.path`` as the running
+script's folder); ``mmnanguard.testing.shrink`` shrinks the model and the
+runtime.
 """
 
 import os.path as osp

@@ -1,12 +1,15 @@
 # Copyright (c) mmnanguard contributors. All rights reserved.
 """Add mmnanguard's protection beyond the guard to a loaded config.
 
-Benchmarks (``benchmarks/overhead.py --modes guard_full``,
+A benchmark helper, not part of the package: the benchmarks
+(``benchmarks/overhead.py --modes guard_full``,
 ``benchmarks/fault_matrix.py``) compare the guard alone with the guard plus
 the other protection pieces. This module adds those pieces to a
 ``Config`` in place, each only when it is registered, and says what it
 added and what it could not add, so that a benchmark never reports a mode
-that silently lacks a piece.
+that silently lacks a piece. The scripts import it as a sibling module
+(``from full_protection import add_full_protection``; ``benchmarks/`` is
+on ``sys.path`` as the running script's folder).
 """
 
 import logging

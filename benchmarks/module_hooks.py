@@ -2,8 +2,10 @@
 """The always-on alternative to the guard: per-module finiteness hooks.
 
 This is what users are told to do today (a forward hook and an
-output-gradient hook that check every module, every iteration). The
-overhead benchmark measures it as a baseline.
+output-gradient hook that check every module, every iteration). A
+benchmark helper, not part of the package: ``benchmarks/overhead.py
+--modes module_hooks`` imports it as a sibling module and measures it as
+a baseline.
 """
 
 from typing import Any, List
