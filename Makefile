@@ -31,6 +31,7 @@ demo: dev
 lint: dev
 	$(PY) -m ruff check $(LINT_PATHS)
 	$(PY) -m ruff format --check $(LINT_PATHS)
+	$(PY) -m mypy
 
 format: dev
 	$(PY) -m ruff check --fix $(LINT_PATHS)

@@ -7,10 +7,11 @@ module or whose name ends with ``Loss``.
 """
 
 import importlib
-from typing import Any, Iterator, List, NamedTuple, Optional, Tuple
+from typing import Any, Iterator, List, NamedTuple, Optional, Tuple, Type
 
 import torch.nn as nn
 from mmengine.registry import MODELS, TASK_UTILS, DefaultScope, Registry
+from typing_extensions import TypeGuard  # typing's from Python 3.10
 
 #: Settings that a loss inherits from the modules around it (a head's
 #: ``num_classes`` and ``ignore_index``, a coder's ``angle_version``).
@@ -91,7 +92,7 @@ def resolve_type(
         return scoped_registry(registry, scope).get(type_name)
 
 
-def is_loss_class(cls: Any) -> bool:
+def is_loss_class(cls: Any) -> TypeGuard[Type[nn.Module]]:
     """Whether ``cls`` is a loss class (see the module docstring)."""
     if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
         return False

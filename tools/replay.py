@@ -250,7 +250,7 @@ def replay(args: argparse.Namespace, inputs: Tuple[Any, ...]) -> str:
             amp_dtype=amp_dtype,
             loss_scale=loss_scale,
             anomaly=args.anomaly,
-        )
+        ).apply_to(report)
         return render_markdown(report)
     except REPLAY_ERRORS as err:
         raise ValueError(

@@ -34,6 +34,8 @@ import torch
 from mmengine.runner.checkpoint import CheckpointLoader
 from mmengine.utils import digit_version
 
+from mmnanguard.function_marks import mark
+
 from . import checked_history_buffer
 from .restricted_getattr import RestrictedGetattr
 from .safe_load import (
@@ -73,11 +75,14 @@ def numpy_dtype_classes() -> List[type]:
     found: List[type] = []
     for name in sorted(dir(dtypes)):
         cls = getattr(dtypes, name)
+        if not (isinstance(cls, type) and issubclass(cls, np.dtype)):
+            continue
+        # the scalar class (a class attribute here; numpy's stubs have the
+        # instance property only)
+        scalar = getattr(cls, 'type', None)
         if (
-            isinstance(cls, type)
-            and issubclass(cls, np.dtype)
-            and isinstance(getattr(cls, 'type', None), type)
-            and issubclass(cls.type, (np.bool_, np.number))
+            isinstance(scalar, type)
+            and issubclass(scalar, (np.bool_, np.number))
             and cls not in found
         ):
             found.append(cls)
@@ -323,8 +328,7 @@ def scoped_loader(loader: Callable) -> Callable:
         check_loaded(checkpoint, filename)
         return checkpoint
 
-    load.nanguard_scoped = True
-    return load
+    return mark(load, 'nanguard_scoped')
 
 
 def unsafe_globals(filename: str) -> List[str]:

@@ -20,6 +20,8 @@ import functools
 import inspect
 from typing import Any, Callable, Optional
 
+from mmnanguard.function_marks import mark
+
 
 def _calls_callback(method: Callable) -> bool:
     """Whether ``method``'s source calls its ``callback`` argument."""
@@ -64,8 +66,7 @@ def _save_with_callback(save: Callable) -> Callable:
             callback(extra_ckpt)
         return save(self, filename, extra_ckpt=extra_ckpt, **kwargs)
 
-    save_checkpoint._nanguard = True
-    return save_checkpoint
+    return mark(save_checkpoint, '_nanguard')
 
 
 def _resume_with_callback(resume: Callable) -> Callable:
@@ -78,8 +79,7 @@ def _resume_with_callback(resume: Callable) -> Callable:
             callback(extra_ckpt)
         return extra_ckpt
 
-    resume_checkpoint._nanguard = True
-    return resume_checkpoint
+    return mark(resume_checkpoint, '_nanguard')
 
 
 def apply() -> bool:

@@ -27,6 +27,8 @@ import importlib.util
 import inspect
 from typing import Any, Callable, List
 
+from mmnanguard.function_marks import mark
+
 from .checkpoint_allowlist import (
     load_with_allowlist,
     mmengine_checkpoint_globals,
@@ -95,8 +97,7 @@ def _secure_load(load: Callable) -> Callable:
     def secure(self, path: str, map_location: Any = None) -> Any:
         return load_checkpoint_part(path, map_location=map_location)
 
-    secure._nanguard = True
-    return secure
+    return mark(secure, '_nanguard')
 
 
 def apply() -> bool:

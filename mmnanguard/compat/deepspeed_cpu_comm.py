@@ -21,6 +21,8 @@ import importlib
 import importlib.util
 from typing import Any, Optional
 
+from mmnanguard.function_marks import mark
+
 
 def _torch_comm() -> Optional[Any]:
     """deepspeed's ``comm.torch`` module, or None without deepspeed."""
@@ -33,7 +35,9 @@ def _torch_comm() -> Optional[Any]:
 def is_needed() -> bool:
     """Whether deepspeed would compile the shared-memory op at start."""
     torch_comm = _torch_comm()
-    if torch_comm is None or getattr(torch_comm.build_shm_op, '_nanguard', 0):
+    if torch_comm is None or getattr(
+        torch_comm.build_shm_op, '_nanguard', False
+    ):
         return False
     from deepspeed.accelerator import get_accelerator
     from deepspeed.git_version_info import installed_ops
@@ -48,7 +52,7 @@ def build_shm_op() -> None:
     return None
 
 
-build_shm_op._nanguard = True
+mark(build_shm_op, '_nanguard')
 
 
 def apply() -> bool:
@@ -57,7 +61,8 @@ def apply() -> bool:
     Returns:
         bool: Whether the op is left out.
     """
-    if not is_needed():
+    torch_comm = _torch_comm()
+    if torch_comm is None or not is_needed():
         return False
-    _torch_comm().build_shm_op = build_shm_op
+    torch_comm.build_shm_op = build_shm_op
     return True

@@ -30,6 +30,8 @@ from typing import Any, Callable, Optional
 
 from mmengine.device import get_device
 
+from mmnanguard.function_marks import mark
+
 try:
     from mmengine._strategy.fsdp import FSDP, FSDPStrategy
 except ImportError:  # pragma: no cover (torch < 2.0: no FSDPStrategy)
@@ -69,8 +71,7 @@ def cpu_wrap_model(original: Callable) -> Callable:
             self.model_wrapper = wrapper
         return original(self, model)
 
-    _wrap_model.nanguard_mended = True
-    return _wrap_model
+    return mark(_wrap_model, 'nanguard_mended')
 
 
 def cpu_state_dict_cfg(original: Callable) -> Callable:
@@ -87,8 +88,7 @@ def cpu_state_dict_cfg(original: Callable) -> Callable:
         if on_cpu() and getattr(config, 'offload_to_cpu', False):
             config.offload_to_cpu = False
 
-    _init_state_dict_cfg.nanguard_mended = True
-    return _init_state_dict_cfg
+    return mark(_init_state_dict_cfg, 'nanguard_mended')
 
 
 def load_optim_state_dict(self, state_dict: dict) -> None:
@@ -104,7 +104,7 @@ def load_optim_state_dict(self, state_dict: dict) -> None:
     self.optim_wrapper.load_state_dict(optim_state_dict)
 
 
-load_optim_state_dict.nanguard_mended = True
+mark(load_optim_state_dict, 'nanguard_mended')
 
 
 def _mended(function: Optional[Callable]) -> bool:

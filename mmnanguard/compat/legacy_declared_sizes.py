@@ -116,7 +116,8 @@ def legacy_declared_bytes(file: Any) -> Optional[int]:
     """
     opened = isinstance(file, (str, os.PathLike))
     handle = open(file, 'rb') if opened else file
-    position = None if opened else handle.tell()
+    # where to put a buffer passed in back (a file opened here is closed)
+    position: int = 0 if opened else handle.tell()
     try:
         if not opened:
             handle.seek(0)

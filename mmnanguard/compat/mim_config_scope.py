@@ -24,6 +24,8 @@ from typing import Callable
 from mmengine.config import config as mmengine_config
 from mmengine.config import utils as config_utils
 
+from mmnanguard.function_marks import mark
+
 SCOPE = 'mmnanguard'
 
 
@@ -37,8 +39,7 @@ def _with_import_fallback(get_installed_path: Callable[[str], str]):
             return osp.dirname(spec.origin)
         return path
 
-    resolve._nanguard_mend = True
-    return resolve
+    return mark(resolve, '_nanguard_mend')
 
 
 def is_needed() -> bool:

@@ -14,12 +14,13 @@ The scope is process-wide while it lasts: another thread calling
 """
 
 import contextlib
+import io
 import os
 import pickle
 import re
 import stat
 import zipfile
-from typing import Any, Iterator, List, Optional, Sequence, Type
+from typing import Any, Iterator, List, Optional, Sequence, Type, cast
 
 import torch
 
@@ -196,7 +197,9 @@ def _opened_once(path: Any) -> Iterator[Any]:
         yield path
         return
     with os.fdopen(fd, 'rb') as file:
-        file.raw.name = os.fspath(path)  # for messages, as open() names it
+        # fdopen(fd, 'rb') buffers a FileIO (typeshed: any raw stream)
+        raw = cast(io.FileIO, file.raw)
+        raw.name = os.fspath(path)  # for messages, as open() names it
         yield file
 
 

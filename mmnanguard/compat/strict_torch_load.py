@@ -26,6 +26,8 @@ from typing import Any, Optional
 import torch
 from mmengine.runner import checkpoint as mmengine_checkpoint
 
+from mmnanguard.function_marks import mark
+
 from .checkpoint_allowlist import (
     UntrustedCheckpointError,
     check_loaded,
@@ -76,7 +78,7 @@ def strict_torch_load(
     return checkpoint
 
 
-strict_torch_load.nanguard_mend = True
+mark(strict_torch_load, 'nanguard_mend')
 
 
 def is_needed() -> bool:

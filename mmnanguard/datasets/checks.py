@@ -126,8 +126,8 @@ def _row_violations(
     if not bad.any():
         return []
     return [
-        Violation(check, int(i), tuple(float(v) for v in boxes[i]), detail(i))
-        for i in np.flatnonzero(bad)
+        Violation(check, i, tuple(float(v) for v in boxes[i]), detail(i))
+        for i in np.flatnonzero(bad).tolist()
     ]
 
 

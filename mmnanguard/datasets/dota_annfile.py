@@ -16,7 +16,7 @@ line, and records for every instance the line it came from
 
 import glob
 import os.path as osp
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 #: Keys added to each ``data_info`` by :func:`load_dota_data_list`.
 ANN_FILE_KEY = 'nanguard_ann_file'
@@ -25,7 +25,7 @@ ANN_LINES_KEY = 'nanguard_ann_lines'
 
 def parse_dota_line(
     text: str, cls_map: Dict[str, int], diff_thr: int
-) -> Tuple[Dict[str, Any], str, str]:
+) -> Tuple[Optional[Dict[str, Any]], str, str]:
     """Parse one annfile line in ``DOTADataset``'s order of operations.
 
     Args:
@@ -34,10 +34,11 @@ def parse_dota_line(
         diff_thr (int): Difficulty above which ``ignore_flag`` is 1.
 
     Returns:
-        tuple: ``(instance, kind, detail)``: the instance dict (``bbox``,
-        ``bbox_label``, ``ignore_flag``) and empty strings, or ``None`` and
-        the problem kind (``'unknown_class'``, ``'malformed_line'``,
-        ``'bad_number'``) with the error upstream raises.
+        tuple[dict | None, str, str]: ``(instance, kind, detail)``: the
+        instance dict (``bbox``, ``bbox_label``, ``ignore_flag``) and empty
+        strings, or ``None`` and the problem kind (``'unknown_class'``,
+        ``'malformed_line'``, ``'bad_number'``) with the error upstream
+        raises.
     """
     fields = text.split()
     try:
@@ -90,7 +91,8 @@ def parse_dota_annfile(
         ``values`` (the raw line) and ``detail``.
     """
     cls_map = {c: i for i, c in enumerate(classes)}
-    instances, problems = [], []
+    instances: List[Dict[str, Any]] = []
+    problems: List[Dict[str, Any]] = []
     with open(path) as f:
         for number, text in enumerate(f.readlines(), start=1):
             instance, kind, detail = parse_dota_line(text, cls_map, diff_thr)

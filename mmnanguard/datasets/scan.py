@@ -19,7 +19,7 @@ import copy
 import random
 import time
 from collections import Counter
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Set, Tuple
 
 import numpy as np
 import torch
@@ -196,8 +196,16 @@ class DatasetScan:
         self.loading, self.augment = split_pipeline(
             self.dataset.pipeline.transforms
         )
+        classes = (self.dataset.metainfo or {}).get('classes')
+        #: What the scan cannot check on this dataset, and why.
+        self.not_checked: List[str] = []
+        if not classes:
+            self.not_checked.append(
+                'label and segmentation value ranges: '
+                f"{type(self.dataset).__name__}.metainfo names no 'classes'"
+            )
         self.check_args = dict(
-            num_classes=len(self.dataset.metainfo['classes']),
+            num_classes=len(classes) if classes else None,
             min_size=min_size,
             angle_version=cfg.get('angle_version'),
             ignore_index=getattr(self.dataset, 'ignore_index', 255),
@@ -253,7 +261,8 @@ class DatasetScan:
         """Check sample ``idx`` (loading stage, then the repeats)."""
         data_info = self.dataset.get_data_info(idx)
         self.num_instances += len(data_info.get('instances', []))
-        results, seen = data_info, set()
+        results = data_info
+        seen: Set[Tuple[Any, ...]] = set()
         for transform in self.loading:
             stage = type(transform).__name__
             try:
@@ -322,6 +331,7 @@ class DatasetScan:
             images_per_second=num / seconds if seconds > 0 else None,
             upstream_load_error=self.upstream_error,
             counts=dict(Counter(p['kind'] for p in self.problems)),
+            not_checked=self.not_checked,
             problems=self.problems,
         )
 
@@ -349,12 +359,13 @@ def format_report(report: Dict[str, Any], max_rows: int = 100) -> str:
             f"{report['dataset']} itself cannot load this folder: "
             f"{report['upstream_load_error']}"
         )
+    lines += [f'Not checked: {text}' for text in report.get('not_checked', [])]
     if not problems:
         return '\n'.join(lines + ['No problems found.'])
     by_kind: Dict[str, List[dict]] = {}
     for p in problems:
         by_kind.setdefault(p['kind'], []).append(p)
-    rows = [('kind', 'count', 'files')]
+    rows: List[Tuple[str, ...]] = [('kind', 'count', 'files')]
     for kind, items in sorted(by_kind.items()):
         files = sorted({p['file'] for p in items})
         shown = ', '.join(files[:3]) + (

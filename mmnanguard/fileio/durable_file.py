@@ -295,7 +295,7 @@ def remove_left_behind(
     Returns:
         list[str]: The paths removed.
     """
-    removed = []
+    removed: List[str] = []
     try:
         names = os.listdir(folder)
     except OSError:

@@ -467,7 +467,7 @@ def encoded_deltas_into_box_loss(
 
 def config_path(module_path: str) -> str:
     """``roi_head.bbox_head.0`` -> ``model.roi_head.bbox_head[0]``."""
-    parts = []
+    parts: List[str] = []
     for part in module_path.split('.'):
         if part.isdigit() and parts:
             parts[-1] += f'[{part}]'

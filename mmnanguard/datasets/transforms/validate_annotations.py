@@ -75,7 +75,7 @@ def _annfile_line(results: Dict[str, Any], violation: Violation) -> str:
 
 def check_results(
     results: Dict[str, Any],
-    num_classes: int,
+    num_classes: Optional[int],
     min_size: float = 1.0,
     angle_version: Optional[str] = None,
     angle_tol: float = 1e-6,
@@ -88,7 +88,9 @@ def check_results(
     Args:
         results (dict): Pipeline results (``img``, ``gt_bboxes``,
             ``gt_bboxes_labels``, ``gt_seg_map`` where present).
-        num_classes (int): Labels and segmentation values must be below it.
+        num_classes (int, optional): Labels and segmentation values must
+            be below it. None: their range is not checked (a dataset that
+            names no classes).
         min_size (float): Box sides (quadrilateral: square root of the
             area) must be strictly above it. Defaults to 1.
         angle_version (str, optional): Rotated boxes' angle version;
@@ -105,7 +107,7 @@ def check_results(
     out: List[Violation] = []
     if check_img and results.get('img') is not None:
         out += check_image(results['img'])
-    if results.get('gt_seg_map') is not None:
+    if results.get('gt_seg_map') is not None and num_classes is not None:
         out += check_seg_map(results['gt_seg_map'], num_classes, ignore_index)
     if results.get('gt_bboxes') is not None:
         out += check_boxes(
@@ -115,7 +117,7 @@ def check_results(
             angle_tol,
             negative_coords,
         )
-    if results.get('gt_bboxes_labels') is not None:
+    if results.get('gt_bboxes_labels') is not None and num_classes is not None:
         out += check_labels(results['gt_bboxes_labels'], num_classes)
     return out
 

@@ -5,6 +5,7 @@ from ..incident import NotAnIncidentError, load_incident
 from .batch_checks import check_batch, model_classes
 from .classify import CAUSES, classify
 from .diagnose import diagnose, write_diagnosis
+from .outcome import Diagnosis
 from .probe import ActivationProbe
 from .replay import ReplayResult, replay_batch
 from .replay_state import amp_settings, replay_model
@@ -16,6 +17,7 @@ __all__ = [
     'model_classes',
     'CAUSES',
     'classify',
+    'Diagnosis',
     'diagnose',
     'write_diagnosis',
     'NotAnIncidentError',

@@ -40,20 +40,14 @@ Causes, in the order they are tested:
 
 from typing import Any, Dict, List, Optional
 
+from ..incident import Cause, IncidentKind, ReportData
 from .batch_checks import describe_finding
 from .explosion import grad_norm_growth, loss_growth, lr_off_schedule
 from .replay import ReplayResult
 from .tree import describe_values
 
-CAUSES = (
-    'data',
-    'transient',
-    'explosion',
-    'forward',
-    'loss',
-    'backward',
-    'optimizer',
-)
+#: The causes, as :class:`~mmnanguard.engine.incident.Cause` names them.
+CAUSES = tuple(c.value for c in Cause)
 
 
 def _fmt(value: Any) -> str:
@@ -141,7 +135,7 @@ KIND_STAGES = dict(
 )
 
 
-def _stage(report: Dict[str, Any], replay: ReplayResult) -> str:
+def _stage(report: ReportData, replay: ReplayResult) -> str:
     stage = (
         (report.get('live') or {}).get('stage')
         or report.get('stage')
@@ -152,7 +146,7 @@ def _stage(report: Dict[str, Any], replay: ReplayResult) -> str:
     return stage
 
 
-def _transient_text(report: Dict[str, Any], stage: str) -> str:
+def _transient_text(report: ReportData, stage: str) -> str:
     live = (report.get('live') or {}).get('text')
     seen = f' ({live})' if live else ''
     return (
@@ -210,7 +204,7 @@ def _overflow_text(first: Dict[str, Any]) -> str:
 
 
 def classify(
-    report: Dict[str, Any],
+    report: ReportData,
     findings: List[Dict[str, Any]],
     replay: ReplayResult,
     fp32: Optional[ReplayResult] = None,
@@ -244,7 +238,7 @@ def classify(
     fp16_overflow = bool(
         fp32 is not None and not replay.finite and fp32.finite
     )
-    evidence = dict(
+    evidence: Dict[str, Any] = dict(
         data=[dict(f, text=describe_finding(f)) for f in findings],
         replay=replay.to_dict(),
         fp32_replay=fp32.to_dict() if fp32 is not None else None,
@@ -260,7 +254,7 @@ def classify(
     lr_text = _explosion_text(None, None, lr, explosion_ratio)
     overflow = replay.magnitude_first
     if findings and not replay.finite:
-        cause = 'data'
+        cause = Cause.DATA
         summary = (
             f'invalid data in the batch: ' f'{evidence["data"][0]["text"]}'
         )
@@ -271,28 +265,30 @@ def classify(
             summary += f"; it makes {', '.join(reached)} non-finite"
     elif (
         replays_finite
-        and report.get('kind') == 'nonfinite_params'
+        and report.get('kind') == IncidentKind.NONFINITE_PARAMS
         and optimizer_nonfinite
     ):
-        cause = 'optimizer'
+        cause = Cause.OPTIMIZER
         summary = (
             'the replayed gradients are finite, the optimizer state '
             f'is not: {", ".join(optimizer_nonfinite[:3])}'
         )
     elif (
-        replays_finite and report.get('kind') == 'nonfinite_params' and lr_text
+        replays_finite
+        and report.get('kind') == IncidentKind.NONFINITE_PARAMS
+        and lr_text
     ):
-        cause, summary = 'explosion', lr_text
+        cause, summary = Cause.EXPLOSION, lr_text
     elif replays_finite:
-        cause = 'transient'
+        cause = Cause.TRANSIENT
         summary = _transient_text(report, stage)
     elif exploded:
-        cause, summary = 'explosion', exploded
+        cause, summary = Cause.EXPLOSION, exploded
     elif overflow and overflow['weights_out_of_range']:
-        cause = 'forward'
+        cause = Cause.FORWARD
         summary = _overflow_text(overflow)
     elif norm_overflow(replay):
-        cause = 'explosion'
+        cause = Cause.EXPLOSION
         top = ', '.join(
             f"`{t['name']}` ({_fmt(t['grad_norm'])})" for t in replay.top_grads
         )
@@ -308,13 +304,13 @@ def classify(
             f'{replay.grad_norm}); largest: {top}'
         )
     elif replay.forward_first:
-        cause = 'forward'
+        cause = Cause.FORWARD
         summary = _forward_text(replay.forward_first)
     elif replay.nonfinite_terms or replay.loss_first:
-        cause = 'loss'
+        cause = Cause.LOSS
         summary = _loss_text(replay)
     else:
-        cause = 'backward'
+        cause = Cause.BACKWARD
         summary = _backward_text(replay)
     if fp16_overflow:
         summary += (

@@ -15,10 +15,17 @@ from mmnanguard.models.loss_kind import (
 )
 
 from ..guard.dtensor import local
-from ..incident import write_report_json
+from ..incident import (
+    Cause,
+    IncidentReport,
+    ReportData,
+    Stage,
+    write_report_json,
+)
 from .batch_checks import check_batch, model_classes
 from .classify import classify
 from .drop_ins import box_coders, loss_modules, module_entry
+from .outcome import Diagnosis
 from .remedy import remedies
 from .replay import ReplayResult, replay_batch
 from .report_md import verdict_lines, write_markdown
@@ -76,7 +83,7 @@ def _add_module_evidence(
 
 def diagnose(
     model: nn.Module,
-    report: Dict[str, Any],
+    report: ReportData,
     batch: Dict[str, Any],
     replay_state: str,
     amp_dtype: Optional[torch.dtype] = None,
@@ -85,15 +92,17 @@ def diagnose(
     anomaly: bool = False,
     explosion_ratio: float = 100.0,
     optimizer_nonfinite: Optional[List[str]] = None,
-) -> Dict[str, Any]:
-    """Name the cause of an incident; add it to ``report`` (in place).
+) -> Diagnosis:
+    """Name the cause of an incident (``report`` is read, not changed:
+    :meth:`Diagnosis.apply_to` adds what was found).
 
     Args:
         model (nn.Module): The model to replay on, already in the state to
             replay from. It is run in train mode and its BatchNorm
             statistics change: during training, use it inside
             :func:`replay_model`, which restores the state afterwards.
-        report (dict): The incident's report (``report.json``).
+        report (IncidentReport | dict): The incident's report (live, or
+            ``report.json`` read back).
         batch (dict): ``data_batch`` and ``rng_state`` (``batch.pth``).
         replay_state (str): Where the replayed weights come from, for the
             report.
@@ -108,10 +117,9 @@ def diagnose(
             state entries.
 
     Returns:
-        dict: The report, with ``cause``, ``stage`` (refined, see
-        :func:`classify`), ``reproduced``, ``evidence`` and ``diagnosis``
-        (``summary``, ``verdict``, ``remedy``, ``replay_state``,
-        ``fp16_overflow``).
+        Diagnosis: ``cause``, ``stage`` (refined, see :func:`classify`),
+        ``reproduced``, ``evidence`` and ``diagnosis`` (``summary``,
+        ``verdict``, ``remedy``, ``replay_state``, ``fp16_overflow``).
     """
     num_classes, ignore_index = model_classes(model)
     rng_state = batch.get('rng_state')
@@ -139,27 +147,36 @@ def diagnose(
     except Exception as err:  # noqa: BLE001  (the rest still stands)
         evidence['encoded_deltas'] = []
         evidence['encoded_deltas_error'] = f'{type(err).__name__}: {err}'
-    if evidence['encoded_deltas'] and result['cause'] != 'data':
+    if evidence['encoded_deltas'] and result['cause'] != Cause.DATA:
         first = evidence['encoded_deltas'][0]
         result['summary'] += (
             f"; {first['head']}.{first['loss_name']} ({first['loss_type']}) "
             'takes boxes but is fed encoded deltas (reg_decoded_bbox=False)'
         )
-    report['cause'] = result['cause']
-    report['stage'] = result['stage']
-    report['reproduced'] = result['reproduced']
-    report['evidence'] = evidence
-    report['diagnosis'] = dict(
-        summary=result['summary'],
-        fp16_overflow=result['fp16_overflow'],
-        replay_state=replay_state,
-        remedy=remedies(result, replay),
+    found = Diagnosis(
+        cause=Cause(result['cause']),
+        stage=Stage.coerce(result['stage'], 'stage'),
+        reproduced=result['reproduced'],
+        evidence=evidence,
+        diagnosis=dict(
+            summary=result['summary'],
+            fp16_overflow=result['fp16_overflow'],
+            replay_state=replay_state,
+            remedy=remedies(result, replay),
+        ),
     )
-    report['diagnosis']['verdict'] = verdict_lines(report)
-    return report
+    # the verdict reads the report as it will be, with these fields
+    completed = {**_plain(report), **found.fields()}
+    found.diagnosis['verdict'] = verdict_lines(completed)
+    return found
 
 
-def write_diagnosis(report: Dict[str, Any], folder: str) -> Dict[str, str]:
+def _plain(report: ReportData) -> Dict[str, Any]:
+    """``report`` as a dict (a live report's ``report.json`` fields)."""
+    return report.to_dict() if isinstance(report, IncidentReport) else report
+
+
+def write_diagnosis(report: ReportData, folder: str) -> Dict[str, str]:
     """Write ``report.json``, ``report.md`` and ``timeline.png``.
 
     Returns:

@@ -11,10 +11,12 @@ second broken file is another and is diagnosed on its own.
 import os.path as osp
 from typing import Any, Dict, List, Optional, Tuple
 
+from ..incident import ReportData
+
 Signature = Tuple[str, Optional[str], Tuple[str, ...]]
 
 
-def incident_signature(report: Dict[str, Any]) -> Signature:
+def incident_signature(report: ReportData) -> Signature:
     """``(kind, live stage, sorted sample files)`` of an incident."""
     files = sorted(
         str(s.get('img_path') or s.get('seg_map_path') or s.get('img_id'))
@@ -36,7 +38,7 @@ class DiagnosisLog:
         self.diagnosed: List[Dict[str, Any]] = []
         self._by_signature: Dict[Signature, Dict[str, Any]] = {}
 
-    def repeat_of(self, report: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+    def repeat_of(self, report: ReportData) -> Optional[Dict[str, Any]]:
         """The earlier diagnosis ``report`` repeats, or None."""
         return self._by_signature.get(incident_signature(report))
 
@@ -45,7 +47,7 @@ class DiagnosisLog:
         """Whether ``max_diagnoses`` distinct incidents were diagnosed."""
         return len(self.diagnosed) >= self.max_diagnoses
 
-    def add(self, report: Dict[str, Any], folder: str) -> None:
+    def add(self, report: ReportData, folder: str) -> None:
         """Remember a diagnosed incident (its cause, stage and folder)."""
         entry = dict(
             folder=osp.basename(folder),

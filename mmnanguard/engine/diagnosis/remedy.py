@@ -3,6 +3,7 @@
 
 from typing import Any, Dict, List, Optional
 
+from ..incident import Cause, Stage
 from .drop_ins import SAFE_MODULES_INCLUDE
 from .replay import ReplayResult
 
@@ -199,6 +200,8 @@ def _forward_remedy(
             'weights.'
         ]
     first = replay.forward_first
+    if first is None:  # cause 'forward' is an overflow (above) or this
+        return []
     weights = (evidence.get('module_weights') or [{}])[0]
     largest = (
         f" (largest |weight| {weights['max_abs']})"
@@ -218,7 +221,7 @@ def _forward_remedy(
 
 def _transient_remedy(stage: str) -> List[str]:
     lines = []
-    if stage == 'data':
+    if stage == Stage.DATA:
         lines.append(
             'The inputs held a non-finite value in the live iteration '
             'only: suspect the data loading (a corrupt or truncated read, '
@@ -248,7 +251,7 @@ def remedies(diagnosis: Dict[str, Any], replay: ReplayResult) -> List[str]:
     cause = diagnosis['cause']
     evidence = diagnosis['evidence']
     lines: List[str] = []
-    if cause != 'data':
+    if cause != Cause.DATA:
         # the real fix of a box loss fed encoded deltas comes first
         lines += [
             m['fix'].replace('nanguard: ', '', 1)
@@ -259,19 +262,19 @@ def remedies(diagnosis: Dict[str, Any], replay: ReplayResult) -> List[str]:
             'fp16 overflow: train in bf16 (`AmpOptimWrapper` with '
             "`dtype='bfloat16'`), or keep the overflowing module in fp32."
         )
-    if cause == 'data':
+    if cause == Cause.DATA:
         lines += _data_remedy(evidence['data'][0])
-    elif cause == 'forward':
+    elif cause == Cause.FORWARD:
         lines += _forward_remedy(evidence, replay)
-    elif cause == 'loss':
+    elif cause == Cause.LOSS:
         lines += _loss_remedy(evidence, replay)
-    elif cause == 'backward':
+    elif cause == Cause.BACKWARD:
         lines += _backward_remedy(evidence, replay)
-    elif cause == 'explosion':
+    elif cause == Cause.EXPLOSION:
         lines += _explosion_remedy(evidence, replay)
-    elif cause == 'transient':
+    elif cause == Cause.TRANSIENT:
         lines += _transient_remedy(diagnosis.get('stage', ''))
-    elif cause == 'optimizer':
+    elif cause == Cause.OPTIMIZER:
         lines.append(
             'The optimizer state holds non-finite values: roll back '
             "(`NanGuardHook(policy='rollback')`) and check custom "

@@ -87,10 +87,8 @@ class ReplayResult:
         return dict(asdict(self), finite=self.finite)
 
 
-def _json_safe(entry: Optional[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
+def _json_safe(entry: Dict[str, Any]) -> Dict[str, Any]:
     """``entry`` with non-finite floats as ``'inf'``/``'nan'`` strings."""
-    if entry is None:
-        return None
     return {
         k: json_number(v) if isinstance(v, float) else v
         for k, v in entry.items()
@@ -127,7 +125,7 @@ def _term_grads(
 
 
 def replay_batch(
-    model: nn.Module,
+    model: BaseModel,
     data_batch: Dict[str, Any],
     rng_state: Optional[Dict[str, Any]] = None,
     autocast_dtype: Optional[torch.dtype] = None,
@@ -143,7 +141,7 @@ def replay_batch(
     :func:`replay_model` saves and restores them during training.
 
     Args:
-        model (nn.Module): The (copied) model, in the state to replay from.
+        model (BaseModel): The (copied) model, in the state to replay from.
         data_batch (dict): The batch as the dataloader yielded it (it is
             deep-copied, not modified).
         rng_state (dict, optional): RNG states to start from
@@ -210,7 +208,7 @@ def replay_batch(
         result.grad_first = probe.grad_first
         result.param_grads = probe.param_grads
         first = first_out_of_range(probe.magnitudes, result.precision)
-        result.magnitude_first = _json_safe(first)
+        result.magnitude_first = None if first is None else _json_safe(first)
         result.magnitude_top = [
             _json_safe(m) for m in largest_outputs(probe.magnitudes)
         ]
@@ -245,9 +243,12 @@ def _backward(
         return
     finally:
         probe.record_grads = False
-    named = [(n, p) for n, p in model.named_parameters() if p.grad is not None]
-    norms = [float(n) for n in torch._foreach_norm([p.grad for _, p in named])]
-    result.grad_norm = json_number(total_norm([p.grad for _, p in named]))
+    named = [
+        (n, p.grad) for n, p in model.named_parameters() if p.grad is not None
+    ]
+    grads = [g for _, g in named]
+    norms = [float(n) for n in torch._foreach_norm(grads)]
+    result.grad_norm = json_number(total_norm(grads))
     order = sorted(
         range(len(named)),
         key=lambda i: -norms[i] if math.isfinite(norms[i]) else -math.inf,

@@ -35,7 +35,7 @@ with that reason instead of a diagnosis.
 """
 
 from contextlib import contextmanager
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Iterator, List, Optional, Tuple
 
 import torch
 from mmengine.optim import AmpOptimWrapper
@@ -44,10 +44,11 @@ from torch.distributed.fsdp import FullyShardedDataParallel
 
 from ..guard.optim_members import optim_wrapper_members
 from ..guard.snapshot import unwrap_model
+from ..incident import ReportData
 
 
 def _describe_state(
-    model: nn.Module, report: Dict[str, Any], snapshots: Any
+    model: nn.Module, report: ReportData, snapshots: Any
 ) -> str:
     """Load the state to replay from into ``model``; say which it is."""
     iteration = report['iteration']
@@ -102,7 +103,7 @@ def replay_unavailable(model: nn.Module) -> Optional[str]:
 
 @contextmanager
 def replay_model(
-    runner, report: Dict[str, Any], snapshots: Any = ()
+    runner, report: ReportData, snapshots: Any = ()
 ) -> Iterator[Tuple[nn.Module, str]]:
     """The runner's model in the state to replay from; everything restored
     on exit.

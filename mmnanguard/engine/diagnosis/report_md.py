@@ -10,7 +10,7 @@ term's name, ...) stays inside its line, whoever wrote the file.
 import os.path as osp
 from typing import Any, Dict, List
 
-from ..incident import write_incident_file
+from ..incident import ReportData, write_incident_file
 
 REPORT_MD = 'report.md'
 
@@ -58,11 +58,12 @@ def _or(value: Any, missing: str) -> str:
     return missing if value is None else str(value)
 
 
-def stage_line(report: Dict[str, Any]) -> str:
+def stage_line(report: ReportData) -> str:
     """``'Stage: backward (live: ...); reproduced on replay: yes'``."""
     live = (report.get('live') or {}).get('text')
     reproduced = report.get('reproduced')
-    again = {True: 'yes', False: 'no'}.get(reproduced, 'not replayed')
+    answers: Dict[Any, str] = {True: 'yes', False: 'no'}
+    again = answers.get(reproduced, 'not replayed')
     return (
         f"Stage: {report.get('stage')}"
         + (f' (live iteration: {live})' if live else '')
@@ -70,7 +71,7 @@ def stage_line(report: Dict[str, Any]) -> str:
     )
 
 
-def verdict_lines(report: Dict[str, Any]) -> List[str]:
+def verdict_lines(report: ReportData) -> List[str]:
     """The four verdict lines: cause, stage, incident, first remedy.
 
     Args:
@@ -171,7 +172,7 @@ def _replay_lines(title: str, replay: Dict[str, Any]) -> List[str]:
     return lines
 
 
-def render_markdown(report: Dict[str, Any]) -> str:
+def render_markdown(report: ReportData) -> str:
     """The Markdown text of ``report.md`` (report values cleaned, see
     :func:`clean_report`)."""
     report = clean_report(report)
@@ -281,12 +282,12 @@ def _write(text: str, folder: str) -> str:
     return write_incident_file(folder, REPORT_MD, text)
 
 
-def write_markdown(report: Dict[str, Any], folder: str) -> str:
+def write_markdown(report: ReportData, folder: str) -> str:
     """Write ``report.md`` into ``folder``; return its path."""
     return _write(render_markdown(report), folder)
 
 
-def render_repeat(report: Dict[str, Any]) -> str:
+def render_repeat(report: ReportData) -> str:
     """The Markdown of an incident that repeats an earlier diagnosis."""
     report = clean_report(report)
     earlier = report['repeat_of']
@@ -307,7 +308,7 @@ def render_repeat(report: Dict[str, Any]) -> str:
     )
 
 
-def write_repeat_markdown(report: Dict[str, Any], folder: str) -> str:
+def write_repeat_markdown(report: ReportData, folder: str) -> str:
     """Write the ``report.md`` of a repeat into ``folder``; return its
     path."""
     return _write(render_repeat(report), folder)

@@ -3,9 +3,9 @@
 
 import math
 import textwrap
-from typing import Any, Dict, List, Optional
+from typing import Any, List, Optional
 
-from ..incident import write_incident_file
+from ..incident import ReportData, write_incident_file
 
 TIMELINE_PNG = 'timeline.png'
 
@@ -46,7 +46,7 @@ def _plot(
         ax.set_yscale('log')
 
 
-def write_timeline(report: Dict[str, Any], folder: str) -> str:
+def write_timeline(report: ReportData, folder: str) -> str:
     """Plot loss terms, grad norm, lr and loss scale over ``history``, with
     the incident iteration marked; write ``timeline.png`` into ``folder``.
 

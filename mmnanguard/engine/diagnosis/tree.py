@@ -45,18 +45,20 @@ def iter_tensors(obj: Any, path: str = '') -> Iterator[Tuple[str, Tensor]]:
             yield from iter_tensors(value, f'{path}.{key}')
 
 
-def nonfinite_summary(tensor: Tensor) -> Optional[Dict[str, Any]]:
+def nonfinite_summary(tensor: Optional[Tensor]) -> Optional[Dict[str, Any]]:
     """Counts of NaN, +inf and -inf in a floating tensor, or None when it
-    is finite (or not floating).
+    is finite (or not floating, or None: a gradient not computed).
 
     Args:
-        tensor (Tensor): Any tensor.
+        tensor (Tensor, optional): Any tensor.
 
     Returns:
         dict | None: ``shape``, ``dtype``, ``nan``, ``posinf``, ``neginf``,
         ``numel``.
     """
-    if not (tensor.is_floating_point() or tensor.is_complex()):
+    if tensor is None or not (
+        tensor.is_floating_point() or tensor.is_complex()
+    ):
         return None
     data = tensor.detach()
     if bool(torch.isfinite(data).all()):

@@ -9,12 +9,18 @@ flag above zero means "some rank saw it". :meth:`AgreedFlags.view` reads
 the summed vector back by name, never by position.
 """
 
-from typing import List, NamedTuple, Sequence, TypeVar
+from typing import Generic, List, Sequence, TypeVar, Union, overload
 
-T = TypeVar('T')
+from torch import Tensor
+
+# a generic NamedTuple before Python 3.11 (typing_extensions: torch's)
+from typing_extensions import NamedTuple
+
+#: A flag: an element of the summed tensor, or a float of the host list.
+T = TypeVar('T', covariant=True)
 
 
-class AgreedFlags(NamedTuple):
+class AgreedFlags(NamedTuple, Generic[T]):
     """The fixed head of the summed vector: how many ranks saw each
     problem.
 
@@ -34,19 +40,49 @@ class AgreedFlags(NamedTuple):
     spike: T
     amp_inf: T
 
+    @overload
     @classmethod
-    def view(cls, summed: Sequence[T]) -> 'AgreedFlags':
-        """The head of ``summed`` (a tensor or a list), by name."""
-        return cls(*summed[: len(cls._fields)])
+    def view(cls, summed: Tensor) -> 'AgreedFlags[Tensor]': ...
+
+    @overload
+    @classmethod
+    def view(cls, summed: Sequence[float]) -> 'AgreedFlags[float]': ...
 
     @classmethod
-    def votes(cls, summed: Sequence[T], count: int) -> Sequence[T]:
+    def view(
+        cls, summed: Union[Tensor, Sequence[float]]
+    ) -> 'AgreedFlags[Union[Tensor, float]]':
+        """The head of ``summed`` (a tensor or a list), by name."""
+        return AgreedFlags(*summed[: len(cls._fields)])
+
+    @overload
+    @classmethod
+    def votes(cls, summed: Tensor, count: int) -> Tensor: ...
+
+    @overload
+    @classmethod
+    def votes(cls, summed: Sequence[float], count: int) -> Sequence[float]: ...
+
+    @classmethod
+    def votes(
+        cls, summed: Union[Tensor, Sequence[float]], count: int
+    ) -> Union[Tensor, Sequence[float]]:
         """The ``count`` vote flags after the head."""
         start = len(cls._fields)
         return summed[start : start + count]
 
+    @overload
     @classmethod
-    def tail(cls, summed: Sequence[T], count: int) -> Sequence[T]:
+    def tail(cls, summed: Tensor, count: int) -> Tensor: ...
+
+    @overload
+    @classmethod
+    def tail(cls, summed: Sequence[float], count: int) -> Sequence[float]: ...
+
+    @classmethod
+    def tail(
+        cls, summed: Union[Tensor, Sequence[float]], count: int
+    ) -> Union[Tensor, Sequence[float]]:
         """What follows the head and ``count`` votes (the folded norm's
         share)."""
         return summed[len(cls._fields) + count :]

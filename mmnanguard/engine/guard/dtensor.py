@@ -19,19 +19,20 @@ from typing import Any
 
 import torch
 from torch import Tensor
+from typing_extensions import TypeGuard
 
 try:
     from torch.distributed.tensor import DTensor
 except ImportError:  # pragma: no cover (torch < 2.4)
-    DTensor = None
+    DTensor = None  # type: ignore[assignment,misc]  # the class or None
 
 try:
     from torch.distributed._shard.sharded_tensor import ShardedTensor
 except ImportError:  # pragma: no cover (torch without distributed)
-    ShardedTensor = None
+    ShardedTensor = None  # type: ignore[assignment,misc]  # class or None
 
 
-def is_dtensor(value: Any) -> bool:
+def is_dtensor(value: Any) -> TypeGuard[DTensor]:
     """Whether ``value`` is a DTensor."""
     return DTensor is not None and isinstance(value, DTensor)
 

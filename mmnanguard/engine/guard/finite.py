@@ -1,7 +1,7 @@
 # Copyright (c) mmnanguard contributors. All rights reserved.
 """Finiteness checks over gradients and nested states."""
 
-from typing import Any, Iterable, List, Tuple
+from typing import Any, Dict, Iterable, List, Set, Tuple
 
 import torch
 from torch import Tensor
@@ -12,7 +12,7 @@ from .dtensor import local
 try:  # torch >= 2.6: foreach norms grouped by device and dtype
     from torch.nn.utils import get_total_norm as _get_total_norm
 except ImportError:  # pragma: no cover - older torch
-    _get_total_norm = None
+    _get_total_norm = None  # type: ignore[assignment]  # the function or None
 
 __all__ = ['any_nonfinite', 'json_number', 'nonfinite_paths', 'total_norm']
 
@@ -96,10 +96,10 @@ def nonfinite_paths(tree: Any, prefix: str = '') -> List[str]:
         list[str]: Dotted paths such as ``'state_dict.neck.conv.weight'``.
     """
     leaves = _floating_leaves(tree, prefix)
-    by_device = {}
+    by_device: Dict[torch.device, List[int]] = {}
     for i, (_, tensor) in enumerate(leaves):
         by_device.setdefault(tensor.device, []).append(i)
-    bad = set()
+    bad: Set[int] = set()
     for indices in by_device.values():
         flags = torch.stack(
             [torch.isfinite(leaves[i][1]).all() for i in indices]

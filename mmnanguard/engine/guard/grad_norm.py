@@ -40,7 +40,8 @@ from .dtensor import global_value, is_dtensor, local
 try:
     from torch.distributed.tensor import DTensor, Replicate, Shard
 except ImportError:  # pragma: no cover (torch < 2.4)
-    DTensor = Replicate = Shard = None
+    # the classes or None
+    DTensor = Replicate = Shard = None  # type: ignore[assignment,misc]
 
 _LOG_MAX_FLOAT64 = math.log(torch.finfo(torch.float64).max)
 
@@ -111,7 +112,7 @@ def grad_norm(grads: List[Tensor], norm_type: float, dtype) -> GradNorm:
         # sharded gradients: the total is replicated (reduced inside the
         # norm); the per-parameter norms name this rank's shards
         return GradNorm(local(norms), global_value(total), norm_type=norm_type)
-    norms = _per_grad_norms([g.to_local() for g in grads], norm_type)
+    norms = _per_grad_norms([local(g) for g in grads], norm_type)
     power = (norms.to(torch.float64) ** norm_type).sum().reshape(1)
     return GradNorm(norms, None, power, norm_type, mesh)
 
@@ -127,16 +128,17 @@ def _fold_mesh(grads: List[Tensor], norm_type: float, dtype) -> Any:
     """The mesh of ``grads`` when their norm can be folded, else None."""
     if dtype != torch.float64 or dist.get_world_size() < 2:
         return None
-    if not 0 < norm_type < math.inf or not all(is_dtensor(g) for g in grads):
+    dtensors = [g for g in grads if is_dtensor(g)]
+    if not 0 < norm_type < math.inf or len(dtensors) < len(grads):
         return None
     dtypes = {g.dtype for g in grads}
     largest = max(math.log(torch.finfo(t).max) for t in dtypes)
     if norm_type * largest >= _LOG_MAX_FLOAT64:
         return None
-    mesh = grads[0].device_mesh
+    mesh = dtensors[0].device_mesh
     if mesh.size() != dist.get_world_size():
         return None
-    for g in grads:
+    for g in dtensors:
         if g.device_mesh is not mesh and g.device_mesh != mesh:
             return None
         if not all(isinstance(p, Shard) for p in g.placements):

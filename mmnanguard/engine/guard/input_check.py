@@ -14,6 +14,7 @@ import torch
 from torch import Tensor
 
 from mmnanguard.compat.mmengine_private import run_forward, set_run_forward
+from mmnanguard.function_marks import mark
 
 from ..incident.batch_layout import target_tensors
 from .step_guard import StepGuard
@@ -96,5 +97,4 @@ def capture_input_finiteness(model, step_guard: StepGuard) -> None:
             )
         return forward(data, mode)
 
-    check_and_run._nanguard_inputs = True
-    set_run_forward(model, check_and_run)
+    set_run_forward(model, mark(check_and_run, '_nanguard_inputs'))

@@ -1,6 +1,8 @@
 # Copyright (c) mmnanguard contributors. All rights reserved.
 """Know every loss term before backward."""
 
+from mmnanguard.function_marks import mark
+
 from .step_guard import StepGuard
 
 
@@ -27,5 +29,4 @@ def capture_loss_terms(model, step_guard: StepGuard) -> None:
         model._nanguard_step_guard.note_loss_terms(log_vars)
         return loss, log_vars
 
-    parse_and_capture._nanguard_capture = True
-    model.parse_losses = parse_and_capture
+    model.parse_losses = mark(parse_and_capture, '_nanguard_capture')

@@ -78,6 +78,13 @@ def live_lrs(optim_wrapper) -> List[float]:
     return [float(group['lr']) for group in param_groups(optim_wrapper)]
 
 
+def describe_lr_pairs(changes: Sequence[Tuple[float, float]]) -> str:
+    """:func:`describe_lr_changes` of ``(before, after)`` pairs."""
+    return describe_lr_changes(
+        [before for before, _ in changes], [after for _, after in changes]
+    )
+
+
 def describe_lr_changes(
     before: Sequence[float], after: Sequence[float], limit: int = 4
 ) -> str:

@@ -4,7 +4,7 @@
 
 from typing import Tuple, Union
 
-from ..incident import IncidentKind
+from ..incident import IncidentAction, IncidentKind
 from .settings import GuardSettings
 
 
@@ -14,7 +14,7 @@ def decide_action(
     consecutive_skips: int,
     rollbacks_used: int,
     has_known_good_state: bool,
-) -> Tuple[str, str]:
+) -> Tuple[IncidentAction, str]:
     """Choose the action for an incident of ``kind``.
 
     * Spikes and other vetoes follow ``settings.spike.action``, every other
@@ -33,7 +33,8 @@ def decide_action(
             exists.
 
     Returns:
-        tuple[str, str]: The action and the reason, for logs and reports.
+        tuple[IncidentAction, str]: The action and the reason, for logs
+        and reports.
 
     Raises:
         ValueError: For an unknown kind.
@@ -49,30 +50,32 @@ def decide_action(
         label = 'spike.action'
         policy = settings.spike.action if settings.spike else 'skip'
     if policy == 'raise':
-        return 'raise', f'{label}=raise'
+        return IncidentAction.RAISE, f'{label}=raise'
     if policy == 'rollback':
-        action, reason = 'rollback', f'{label}=rollback'
+        action, reason = IncidentAction.ROLLBACK, f'{label}=rollback'
     elif known.weights_damaged:
-        action = settings.escalate_to
+        action = IncidentAction(settings.escalate_to)
         reason = (
             'the parameters are already non-finite, a skip cannot undo the '
             f'step: escalate_to={settings.escalate_to}'
         )
     elif consecutive_skips >= settings.max_consecutive_skips:
-        action = settings.escalate_to
+        action = IncidentAction(settings.escalate_to)
         reason = (
             f'{consecutive_skips} consecutive skips reached '
             f'max_consecutive_skips={settings.max_consecutive_skips}: '
             f'escalate_to={settings.escalate_to}'
         )
     else:
-        return 'skip', f'{label}=skip'
-    if action == 'rollback':
+        return IncidentAction.SKIP, f'{label}=skip'
+    if action is IncidentAction.ROLLBACK:
         if rollbacks_used >= settings.max_rollbacks:
-            return 'raise', (
+            return IncidentAction.RAISE, (
                 f'{reason}, but max_rollbacks={settings.max_rollbacks} '
                 'rollbacks are spent'
             )
         if not has_known_good_state:
-            return 'raise', f'{reason}, but no known-good state exists'
+            return IncidentAction.RAISE, (
+                f'{reason}, but no known-good state exists'
+            )
     return action, reason

@@ -11,6 +11,7 @@ from mmnanguard.fileio import LOAD_ERRORS, verified_checkpoints
 from .lr_backoff import (
     LrBackoff,
     describe_lr_changes,
+    describe_lr_pairs,
     live_lrs,
     lr_setting_hooks,
 )
@@ -20,6 +21,7 @@ from .scheduled_lr import carried_values
 from .settings import GuardSettings
 from .snapshot import TrainingSnapshot
 from .snapshot_store import SnapshotStore
+from .started import started
 from .step_guard import StepGuard
 
 
@@ -81,7 +83,8 @@ class Recovery:
         snapshot = TrainingSnapshot.capture(runner)
         snapshot.iteration = iteration
         snapshot.lr_multiplier = self.lr_backoff.multiplier
-        pending = self._step_guard.params_check.pending is not None
+        guard = started(self._step_guard, 'the step guard')
+        pending = guard.params_check.pending is not None
         self.snapshots.add(snapshot, pending=pending)
 
     def checkpoint_written(self, iteration: int) -> None:
@@ -128,7 +131,7 @@ class Recovery:
         state = None
         if self.settings.rollback_source == 'checkpoint':
             state = self._checkpoint_state(runner)
-            if not same_on_every_rank(state and state.source):
+            if not same_on_every_rank(None if state is None else state.source):
                 state = None  # not the same file everywhere: the snapshot
             if state is None:
                 runner.logger.warning(
@@ -143,7 +146,7 @@ class Recovery:
         state.restore(runner)
         self.last_restored = state
         self.snapshots.pending = None
-        self._step_guard.forget_pending()
+        started(self._step_guard, 'the step guard').forget_pending()
         for wrapper in optim_wrapper_members(runner.optim_wrapper):
             wrapper.optimizer.zero_grad(set_to_none=True)
         # the restored lrs carry the multiplier of the restored state; the
@@ -228,7 +231,7 @@ class Recovery:
             f'{who}; the lr backoff is re-applied before each step '
             f'(x{self.lr_backoff.multiplier:.3g} of what it sets) from '
             f'iteration {runner.iter}: '
-            f'{describe_lr_changes(*zip(*changes))}'
+            f'{describe_lr_pairs(changes)}'
         )
 
     def check_backoff_held(self, runner) -> None:

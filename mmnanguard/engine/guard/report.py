@@ -7,7 +7,12 @@ from typing import Any, Dict, List, Optional
 
 from mmengine.dist import get_rank, get_world_size
 
-from ..incident import IncidentKind, IncidentReport, json_number
+from ..incident import (
+    IncidentAction,
+    IncidentKind,
+    IncidentReport,
+    json_number,
+)
 from ..incident.batch_layout import sample_sources
 from .stage import live_stage
 from .verdict import StepVerdict
@@ -42,7 +47,7 @@ def build_report(
     *,
     runner,
     kind: IncidentKind,
-    action: str,
+    action: IncidentAction,
     reason: str,
     iteration: int,
     verdict: Optional[StepVerdict],

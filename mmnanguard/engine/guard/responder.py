@@ -6,7 +6,13 @@ backoff) is :class:`~.recovery.Recovery`'s."""
 
 from typing import Any, Dict, List, Optional
 
-from ..incident import IncidentKind, IncidentRecorder, describe
+from ..incident import (
+    IncidentAction,
+    IncidentKind,
+    IncidentRecorder,
+    IncidentReport,
+    describe,
+)
 from .counters import COUNTERS, checked_counters
 from .exceptions import (
     NonFiniteTrainingError,
@@ -16,7 +22,7 @@ from .exceptions import (
 from .finite import nonfinite_paths
 from .history import IterationHistory
 from .incident_event import IncidentEvent, IterationTrace, Listener
-from .lr_backoff import LrBackoff, describe_lr_changes, live_lrs
+from .lr_backoff import LrBackoff, describe_lr_pairs, live_lrs
 from .policy import decide_action
 from .recovery import Recovery
 from .report import build_report
@@ -25,6 +31,7 @@ from .settings import GuardSettings
 from .snapshot import TrainingSnapshot, write_runner_state
 from .snapshot_store import SnapshotStore
 from .spike_detector import SpikeDetector, spikes_as_dicts
+from .started import started
 from .state_checks import state_dict_at
 from .step_guard import StepGuard
 from .stop_fix import stop_fix
@@ -51,7 +58,7 @@ class GuardResponder:
             self.spike_detector = SpikeDetector(settings.spike)
         self.listeners: List[Listener] = []
         self.consecutive_skips = 0
-        self.last_report = None
+        self.last_report: Optional[IncidentReport] = None
         self.recorder: Optional[IncidentRecorder] = None
         self.step_guard: Optional[StepGuard] = None
         self._base_lrs: Optional[List[float]] = None
@@ -150,8 +157,9 @@ class GuardResponder:
             bool: Whether there was such an incident (its policy restored a
             known-good state, or raised).
         """
-        iteration = self.step_guard.params_check.pending
-        read = self.step_guard.params_check.read_now()
+        params_check = started(self.step_guard, 'the step guard').params_check
+        iteration = params_check.pending
+        read = params_check.read_now()
         finite, own_finite = (None, None) if read is None else read
         self.snapshots.confirm(finite)
         if finite is False:
@@ -307,7 +315,8 @@ class GuardResponder:
             IncidentKind.GRAD_SPIKE,
         ):
             top = verdict.top_grad_params(
-                self.step_guard.named_params, self.settings.top_k_grads
+                started(self.step_guard, 'the step guard').named_params,
+                self.settings.top_k_grads,
             )
         report = build_report(
             runner=runner,
@@ -321,7 +330,9 @@ class GuardResponder:
             top_grad_params=top,
             **extra,
         )
-        folder = self._write(report, trace, iteration, action == 'raise')
+        folder = self._write(
+            report, trace, iteration, action is IncidentAction.RAISE
+        )
         self.last_report = report
         event = IncidentEvent(
             report=report,
@@ -334,20 +345,21 @@ class GuardResponder:
             listener(runner, event)
         message = describe(report)
         runner.logger.error(f'nanguard: {message}')
-        if action == 'raise':
+        if action is IncidentAction.RAISE:
             self._raise(runner, kind, message)
-        if action == 'rollback':
+        if action is IncidentAction.ROLLBACK:
             self.recovery.rollback(runner)
             self.consecutive_skips = 0
         else:
             self.consecutive_skips += 1
-            if kind.is_spike and self.settings.spike.backoff:
+            spike = self.settings.spike
+            if kind.is_spike and spike is not None and spike.backoff:
                 changes = self.recovery.back_off(runner)
                 runner.logger.warning(
                     'nanguard: spike skipped; learning rates x'
                     f'{self.settings.lr_backoff} (now '
                     f'x{self.lr_backoff.multiplier:.3g} of the schedule): '
-                    f'{describe_lr_changes(*zip(*changes))}'
+                    f'{describe_lr_pairs(changes)}'
                     f'{self.recovery.ramp_note()}'
                 )
 
@@ -362,7 +374,8 @@ class GuardResponder:
                 iteration=iteration,
             )
         data = report.to_dict()
-        folder = self.recorder.record(data, batch, force=force)
+        recorder = started(self.recorder, 'the incident recorder')
+        folder = recorder.record(data, batch, force=force)
         report.report_path = data.get('report_path')
         report.write_error = data.get('write_error')
         return folder

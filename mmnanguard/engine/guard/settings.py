@@ -2,7 +2,7 @@
 """Validated settings of the guard, shared by its hook and runner."""
 
 from dataclasses import asdict, dataclass
-from typing import Any, Dict, Optional, Union
+from typing import Any, Dict, Optional
 
 from .config_checks import refuse_unknown_keys
 from .spike_settings import SpikeSettings
@@ -81,7 +81,8 @@ class GuardSettings:
     top_k_grads: int = 10
     history_size: int = 50
     recover_iters: int = 0
-    spike: Optional[Union[dict, SpikeSettings]] = None
+    # a dict from the config, built into SpikeSettings by __post_init__
+    spike: Optional[SpikeSettings] = None
 
     def __post_init__(self) -> None:
         _check_choice('policy', self.policy, POLICIES)

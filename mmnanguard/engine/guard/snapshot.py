@@ -1,7 +1,7 @@
 # Copyright (c) mmnanguard contributors. All rights reserved.
 """The known-good training state that a rollback restores."""
 
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, cast
 
 import torch
 from mmengine.hooks import EMAHook
@@ -33,7 +33,10 @@ def _clone_tree(tree: Any, device: Optional[str] = 'cpu') -> Any:
 
 def unwrap_model(model: torch.nn.Module) -> torch.nn.Module:
     """The model inside a DDP / FSDP wrapper, or the model itself."""
-    return model.module if is_model_wrapper(model) else model
+    if is_model_wrapper(model):
+        # a wrapper's ``module`` (torch types a submodule Tensor | Module)
+        return cast(torch.nn.Module, model.module)
+    return model
 
 
 def scheduler_states(runner) -> Any:

@@ -30,7 +30,7 @@ by the guard's escalation (``max_consecutive_skips``), not silently learnt.
 """
 
 from dataclasses import asdict, dataclass
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, NamedTuple, Optional
 
 import torch
 from torch import Tensor
@@ -119,6 +119,14 @@ class SpikeCheck:
         ]
 
 
+class _Rows(NamedTuple):
+    """The detector's state on the device, one row per quantity."""
+
+    window: Tensor  # [quantities, window]
+    admitted: Tensor  # admitted values per row
+    grad: Tensor  # whether the row is a gradient norm's
+
+
 class SpikeDetector:
     """Running maxima of the total loss, each loss term and the grad norm,
     kept on the device.
@@ -137,9 +145,7 @@ class SpikeDetector:
         self.settings = settings
         #: The quantities, one row each of the window.
         self.names: List[str] = []
-        self._window: Optional[Tensor] = None  # [quantities, window]
-        self._count: Optional[Tensor] = None  # admitted values per row
-        self._grad_rows: Optional[Tensor] = None
+        self._rows: Optional[_Rows] = None
         self._loaded: Dict[str, List[float]] = {}
 
     @property
@@ -200,7 +206,7 @@ class SpikeDetector:
         if not values:
             return None
         device = next(iter(values.values())).device
-        self._add_rows(list(values), device)
+        rows = self._add_rows(list(values), device)
         missing = torch.full((), float('nan'), device=device)
         vals = torch.stack(
             [
@@ -211,23 +217,26 @@ class SpikeDetector:
             ]
         )
         s = self.settings
-        ref = self._window.amax(dim=1).clamp_min(s.min_value)
+        ref = rows.window.amax(dim=1).clamp_min(s.min_value)
         finite = torch.isfinite(vals)
         spike = (
-            (self._count >= s.warmup)
+            (rows.admitted >= s.warmup)
             & (ref > 0)
             & (vals > s.factor * ref)
             & finite
         )
         admit = finite & ~spike
-        grad_rows = self._grad_rows
+        grad_rows = rows.grad
         any_loss = (spike & ~grad_rows).any()
         if loss_spiked is not None:
             any_loss = any_loss | loss_spiked.to(any_loss.device)
         admit = admit & ~(grad_rows & any_loss)
-        shifted = torch.cat([self._window[:, 1:], vals[:, None]], dim=1)
-        self._window = torch.where(admit[:, None], shifted, self._window)
-        self._count = self._count + admit.long()
+        shifted = torch.cat([rows.window[:, 1:], vals[:, None]], dim=1)
+        self._rows = _Rows(
+            torch.where(admit[:, None], shifted, rows.window),
+            rows.admitted + admit.long(),
+            rows.grad,
+        )
         return SpikeCheck(
             names=list(self.names),
             flags=spike,
@@ -235,10 +244,10 @@ class SpikeDetector:
             references=ref,
         )
 
-    def _add_rows(self, names: List[str], device: torch.device) -> None:
+    def _add_rows(self, names: List[str], device: torch.device) -> _Rows:
         new = [n for n in names if n not in self.names]
-        if self._window is not None and not new:
-            return
+        if self._rows is not None and not new:
+            return self._rows
         width = self.settings.window
         rows = []
         counts = []
@@ -250,23 +259,25 @@ class SpikeDetector:
         added = torch.tensor(rows, device=device, dtype=torch.float32)
         added = added.reshape(len(new), width)
         added_count = torch.tensor(counts, device=device, dtype=torch.long)
-        if self._window is None:
-            self._window, self._count = added, added_count
+        if self._rows is None:
+            window, count = added, added_count
         else:
-            self._window = torch.cat([self._window, added])
-            self._count = torch.cat([self._count, added_count])
+            window = torch.cat([self._rows.window, added])
+            count = torch.cat([self._rows.admitted, added_count])
         self.names += new
-        self._grad_rows = torch.tensor(
+        grad_rows = torch.tensor(
             [n.startswith('grad_norm') for n in self.names], device=device
         )
+        self._rows = _Rows(window, count, grad_rows)
+        return self._rows
 
     def state_dict(self) -> Dict[str, Any]:
         """The admitted values per quantity, so that a resumed run keeps
         its statistics (read on the host: only when a checkpoint is
         written)."""
         windows = dict(self._loaded)
-        if self._window is not None:
-            for name, row in zip(self.names, self._window.tolist()):
+        if self._rows is not None:
+            for name, row in zip(self.names, self._rows.window.tolist()):
                 windows[name] = [x for x in row if x != float('-inf')]
         return dict(windows=windows)
 
@@ -284,7 +295,7 @@ class SpikeDetector:
             name: numbers_at(values, f'spike.windows.{name}')
             for name, values in windows.items()
         }
-        self.names, self._window, self._count = [], None, None
+        self.names, self._rows = [], None
         self._loaded = loaded
 
     def windows(self) -> Dict[str, List[float]]:

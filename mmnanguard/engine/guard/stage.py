@@ -19,10 +19,11 @@ Spike incidents (finite values) take the stage of the check that vetoed.
 
 from typing import Any, Dict, Optional
 
-from ..incident import IncidentKind, json_number
+from ..incident import IncidentKind, Stage, json_number
 from .verdict import StepVerdict
 
-STAGES = ('data', 'forward', 'loss', 'backward', 'optimizer', 'checkpoint')
+#: The stages, in the order the iteration runs.
+STAGES = tuple(s.value for s in Stage)
 
 
 def live_stage(
@@ -49,21 +50,21 @@ def live_stage(
     inputs = None if kind.weights_damaged else v.inputs_finite
     params_finite = False if kind is IncidentKind.NONFINITE_PARAMS else None
     if kind is IncidentKind.NONFINITE_CHECKPOINT:
-        stage, text = 'checkpoint', 'the checkpoint state held non-finite'
+        stage, text = Stage.CHECKPOINT, 'the checkpoint state held non-finite'
     elif kind is IncidentKind.NONFINITE_PARAMS:
-        stage = 'optimizer'
+        stage = Stage.OPTIMIZER
         text = 'loss and gradients finite, parameters non-finite after step'
     elif inputs is False:
-        stage = 'data'
+        stage = Stage.DATA
         text = 'the inputs after the data preprocessor held non-finite values'
     elif not v.loss_finite:
-        stage, text = 'loss', 'inputs finite, a loss term non-finite'
+        stage, text = Stage.LOSS, 'inputs finite, a loss term non-finite'
     elif kind is IncidentKind.NONFINITE_GRAD:
-        stage = 'backward'
+        stage = Stage.BACKWARD
         text = f'loss finite, gradient norm {v.grad_norm}'
     else:
         grad_only = v.spikes and all(s.stage == 'grad' for s in v.spikes)
-        stage = 'backward' if grad_only else 'loss'
+        stage = Stage.BACKWARD if grad_only else Stage.LOSS
         vetoed = '; '.join(s.describe() for s in v.spikes) or v.veto
         text = f'finite values vetoed: {vetoed}'
     if inputs is None and stage != 'checkpoint':

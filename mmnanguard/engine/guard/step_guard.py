@@ -38,8 +38,8 @@ from .dtensor import local
 from .grad_norm import GradNorm, grad_norm
 from .loss_window import LossWindow, as_read_scalar, read_dtype
 from .params_check import ParamsCheck
-from .spike_detector import SpikeDetector
-from .verdict import IterationOutcome, StepVerdict
+from .spike_detector import SpikeCheck, SpikeDetector
+from .verdict import GradHolder, IterationOutcome, StepVerdict
 
 #: A veto looks at a step's verdict and returns the reason to drop the
 #: update, or None. It runs on the host after the read, so it must decide
@@ -124,7 +124,7 @@ class StepGuard:
     def read(
         self,
         owner: object,
-        params: Sequence[Tensor],
+        params: Sequence[GradHolder],
         norm_type: float = 2.0,
         scaler: Any = None,
         optimizer: Optional[torch.optim.Optimizer] = None,
@@ -133,7 +133,8 @@ class StepGuard:
 
         Args:
             owner (object): The optim wrapper about to step.
-            params (Sequence[Tensor]): Its parameters.
+            params (Sequence[GradHolder]): Its parameters (what has a
+                ``.grad``).
             norm_type (float): The norm of the gradient norm (``clip_grad``'s
                 ``norm_type``). Defaults to 2.
             scaler (GradScaler, optional): An enabled GradScaler that has
@@ -144,22 +145,25 @@ class StepGuard:
             StepVerdict: The verdict, agreed by all ranks.
         """
         grad_params = [p for p in params if p.grad is not None]
+        grads = [p.grad for p in grad_params if p.grad is not None]
         window = self._windows.pop(id(owner), None)
-        device = self._device(grad_params, window)
+        device = self._device(grads, window)
         dtype = read_dtype(device)
         zero = torch.zeros((), device=device, dtype=dtype)
         norm: Optional[GradNorm] = None
-        if grad_params:
+        # folded: this rank's share of the norm (the total is None)
+        power: Optional[Tensor] = None
+        if grads:
             # sharded gradients: folded into the all_reduce below
-            norm = grad_norm([p.grad for p in grad_params], norm_type, dtype)
-            norms, total = norm.norms, norm.total
+            norm = grad_norm(grads, norm_type, dtype)
+            norms, total, power = norm.norms, norm.total, norm.power
         else:
             norms, total = None, zero
-        folded = norm is not None and norm.folded
+        folded = power is not None
         # the total first; a folded one is put in after the all_reduce
         parts: List[Tensor] = [
             zero.reshape(1)
-            if folded
+            if total is None
             else as_read_scalar(total, device).reshape(1)
         ]
         layout: Dict[str, slice] = {}
@@ -190,8 +194,8 @@ class StepGuard:
             add('params', [params_flag])
         if self._inputs_flag is not None:
             add('inputs', [self._inputs_flag])
-        if folded:
-            local_grad_bad = ~torch.isfinite(norm.power)
+        if power is not None:
+            local_grad_bad = ~torch.isfinite(power)
             add('local_grad', local_grad_bad)
         terms = {
             k: v
@@ -203,7 +207,7 @@ class StepGuard:
         amp = amp_state(scaler, optimizer) if scaler else None
         if amp is not None:
             add('amp', list(amp))
-        check = None
+        check: Optional[SpikeCheck] = None
         detector = self.spike_detector
         suffix = f'#{self._steps}' if self._steps else ''
         checks_grad = amp is None and bool(grad_params)
@@ -229,9 +233,9 @@ class StepGuard:
         if dist.get_world_size() > 1:
             votes = AgreedFlags(
                 loss=as_read_scalar(loss_bad, device),
-                grad=(local_grad_bad if folded else ~torch.isfinite(total)).to(
-                    dtype
-                ),
+                grad=(
+                    local_grad_bad if total is None else ~torch.isfinite(total)
+                ).to(dtype),
                 params=as_read_scalar(params_flag, device)
                 if params_flag is not None
                 else zero,
@@ -244,12 +248,12 @@ class StepGuard:
             ).to_list()
             if names:
                 votes.append(parts[-1].reshape(-1).to(dtype))
-            if folded:
-                votes.append(norm.power)
+            if power is not None:
+                votes.append(power)
             agreed = torch.cat([v.reshape(-1) for v in votes])
             dist.all_reduce(agreed, op='sum')
             add('agreed', agreed)
-            if folded:
+            if norm is not None and power is not None:  # folded
                 total = norm.unfold(AgreedFlags.tail(agreed, len(names)))
                 parts[0] = as_read_scalar(local(total), device).reshape(1)
                 if detector is not None and checks_grad:
@@ -259,7 +263,8 @@ class StepGuard:
                         suffix,
                         AgreedFlags.view(agreed).spike > 0,
                     )
-                    if later is not None:  # then ``check`` is too
+                    # ``later`` is a check of the norm, so ``check`` is one
+                    if later is not None and check is not None:
                         check = check.merged(later, 'grad_norm' + suffix)
         if check is not None:
             add('spike_flags', check.flags)
@@ -278,16 +283,16 @@ class StepGuard:
         host: List[float],
         layout: Dict[str, slice],
         terms: Dict[str, Tensor],
-        check: Any,
+        check: Optional[SpikeCheck],
         params_iteration: Optional[int],
         norms: Optional[Tensor],
-        grad_params: List[Tensor],
+        grad_params: List[GradHolder],
     ) -> StepVerdict:
         def part(name: str) -> Optional[List[float]]:
             return host[layout[name]] if name in layout else None
 
         total = host[0]
-        loss_bad, first_bad = part('loss')
+        loss_bad, first_bad = host[layout['loss']]
         grad_bad = not math.isfinite(total)
         # folded: the total is the global one; this rank's shards apart
         local_grad = part('local_grad')
@@ -303,7 +308,7 @@ class StepGuard:
             grad_finite=not grad_bad,
             params_finite=None if params_bad is None else not params_bad,
             params_iteration=params_iteration,
-            inputs_finite=bool(part('inputs')[0])
+            inputs_finite=bool(host[layout['inputs']][0])
             if 'inputs' in layout
             else None,
             loss_terms=dict(zip(terms, part('terms') or [])),
@@ -316,15 +321,16 @@ class StepGuard:
             verdict.amp_raw = (bool(amp[0]), amp[1], int(amp[2]))
             verdict.grad_finite = not amp[0]
             verdict.local_grad_finite = not amp[0]
-        if check is not None:
+        detector = self.spike_detector
+        if check is not None and detector is not None:  # one with the other
             verdict.spikes = check.spikes(
-                part('spike_flags'),
-                part('spike_values'),
-                part('spike_refs'),
-                self.spike_detector.settings.factor,
+                host[layout['spike_flags']],
+                host[layout['spike_values']],
+                host[layout['spike_refs']],
+                detector.settings.factor,
             )
-            verdict.spike_acts = self.spike_detector.acts
-        votes = part('votes')
+            verdict.spike_acts = detector.acts
+        votes: Optional[Sequence[float]] = part('votes')
         agreed = part('agreed')
         if agreed is not None and votes is not None:
             votes = AgreedFlags.votes(agreed, len(votes))
@@ -357,12 +363,12 @@ class StepGuard:
 
     @staticmethod
     def _device(
-        grad_params: List[Tensor], window: Optional[LossWindow]
+        grads: List[Tensor], window: Optional[LossWindow]
     ) -> torch.device:
         if window is not None:
             return window.last.device
-        if grad_params:
-            return grad_params[0].grad.device
+        if grads:
+            return grads[0].device
         return torch.device('cpu')
 
     # -- after the step ----------------------------------------------------

@@ -3,12 +3,20 @@
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Protocol, Tuple
 
 from torch import Tensor
 
 from ..incident import json_number
 from .spike_detector import Spike
+
+
+class GradHolder(Protocol):
+    """What the guard reads of a parameter: its ``.grad`` (a parameter's,
+    or a ZeRO partition's gradient)."""
+
+    @property
+    def grad(self) -> Optional[Tensor]: ...
 
 
 @dataclass
@@ -84,13 +92,13 @@ class StepVerdict:
     #: The step guard's votes, agreed by all ranks (``StepGuard.votes``).
     votes: Dict[str, bool] = field(default_factory=dict)
     #: ``(found_inf, scale, growth tracker)`` read from the GradScaler.
-    amp_raw: Optional[tuple] = None
+    amp_raw: Optional[Tuple[bool, float, int]] = None
     #: Per-parameter gradient norms (device, before clipping), read only
     #: for a report; and the parameters they belong to.
     grad_norms: Optional[Tensor] = field(default=None, repr=False)
     #: The global gradient norm on the device (what ``clip_grad`` uses).
     grad_total: Optional[Tensor] = field(default=None, repr=False)
-    grad_params: List[Tensor] = field(default_factory=list, repr=False)
+    grad_params: List[GradHolder] = field(default_factory=list, repr=False)
 
     @property
     def params_bad(self) -> bool:

@@ -19,6 +19,7 @@ from ..guard.incident_event import IncidentEvent
 from ..incident import (
     CONFIG_NAME,
     MODEL_NAME,
+    IncidentAction,
     IncidentKind,
     write_incident_file,
     write_report_json,
@@ -138,10 +139,11 @@ class NanDiagnosisHook(Hook):
         is logged, recorded as ``diagnosis_error`` where it can be, and
         training goes on under the guard's policy.
         """
-        if event.folder is None:
+        folder = event.folder
+        if folder is None:  # nothing was recorded
             return
         try:
-            self._respond(runner, event)
+            self._respond(runner, event, folder)
         except Exception as err:  # noqa: BLE001  (logged and recorded)
             event.report['diagnosis_error'] = f'{type(err).__name__}: {err}'
             runner.logger.error(
@@ -149,15 +151,15 @@ class NanDiagnosisHook(Hook):
                 f'the guard policy:\n{traceback.format_exc()}'
             )
             try:
-                write_report_json(event.report, event.folder)
+                write_report_json(event.report, folder)
             except OSError as write_err:
                 runner.logger.error(
                     f'nanguard: could not record that in {event.folder}: '
                     f'{write_err}'
                 )
 
-    def _respond(self, runner, event: IncidentEvent) -> None:
-        report, folder = event.report, event.folder
+    def _respond(self, runner, event: IncidentEvent, folder: str) -> None:
+        report = event.report
         if report['kind'] == IncidentKind.NONFINITE_CHECKPOINT:
             runner.logger.info(
                 'nanguard diagnosis: a poisoned checkpoint '
@@ -172,7 +174,7 @@ class NanDiagnosisHook(Hook):
             return
         # the incident that stops training is always diagnosed in full:
         # its report.md is what the user reads
-        stopping = report['action'] == 'raise'
+        stopping = report['action'] == IncidentAction.RAISE
         earlier = self.log.repeat_of(report)
         if earlier is not None and not stopping:
             report['repeat_of'] = earlier
@@ -193,16 +195,16 @@ class NanDiagnosisHook(Hook):
             write_report_json(report, folder)
             return
         try:
-            self._diagnose(runner, event)
+            self._diagnose(runner, event, folder)
         finally:
             self.log.add(report, folder)
 
-    def _diagnose(self, runner, event: IncidentEvent) -> None:
-        report, folder, batch = event.report, event.folder, event.batch
+    def _diagnose(self, runner, event: IncidentEvent, folder: str) -> None:
+        report, batch = event.report, event.batch
         amp_dtype, loss_scale = amp_settings(runner.optim_wrapper)
         optimizer_bad = (
             nonfinite_paths(runner.optim_wrapper.state_dict())
-            if report['kind'] == 'nonfinite_params'
+            if report['kind'] == IncidentKind.NONFINITE_PARAMS
             else []
         )
         with replay_model(runner, report, event.snapshots) as (model, state):
@@ -213,7 +215,7 @@ class NanDiagnosisHook(Hook):
                 write_incident_file(
                     folder, MODEL_NAME, lambda f: torch.save(state_dict, f)
                 )
-            diagnose(
+            found = diagnose(
                 model,
                 report,
                 batch,
@@ -225,6 +227,7 @@ class NanDiagnosisHook(Hook):
                 explosion_ratio=self.explosion_ratio,
                 optimizer_nonfinite=optimizer_bad[:20],
             )
+        found.apply_to(report)
         write_incident_file(folder, CONFIG_NAME, runner.cfg.pretty_text)
         paths = write_diagnosis(report, folder)
         verdict = '\n  '.join(report['diagnosis']['verdict'])

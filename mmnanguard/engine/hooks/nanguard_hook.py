@@ -23,6 +23,7 @@ from ..guard.responder import GuardResponder
 from ..guard.rng import capture_rng_state
 from ..guard.save_agreement import agree_around_saves, agree_before_save
 from ..guard.snapshot import unwrap_model
+from ..guard.started import started
 from ..incident import IncidentRecorder, mark_discarded
 from ..optimizers import install_step_guard
 
@@ -190,7 +191,7 @@ class NanGuardHook(Hook):
         self, runner, batch_idx: int, data_batch: DATA_BATCH = None
     ) -> None:
         """Start the iteration; keep a reference to its batch."""
-        guard = self.step_guard
+        guard = started(self.step_guard, 'the step guard')
         guard.begin_iteration(runner.iter)
         guard.check_params_after_step = self.responder.snapshot_due(
             runner.iter
@@ -207,7 +208,7 @@ class NanGuardHook(Hook):
     ) -> None:
         """Hand the iteration's outcome to the responder; keep a dropped
         step's values out of the smoothed log (``DroppedStepScalars``)."""
-        outcome = self.step_guard.outcome
+        outcome = started(self.step_guard, 'the step guard').outcome
         try:
             self.responder.on_iteration(runner, outcome, self._traces)
         finally:

@@ -21,6 +21,7 @@ from .allowlist import (
     replay_refusal,
 )
 from .kinds import IncidentKind
+from .labels import Cause, IncidentAction, Stage
 from .loading import (
     check_report,
     linked_entries,
@@ -41,7 +42,7 @@ from .names import (
     parse_folder_name,
 )
 from .recorder import IncidentRecorder, mark_discarded
-from .report import IncidentReport, describe, json_number
+from .report import IncidentReport, ReportData, describe, json_number
 from .safe_write import write_incident_file, write_report_json
 
 __all__ = [
@@ -51,10 +52,14 @@ __all__ = [
     'INCIDENT_DIR_RE',
     'MODEL_NAME',
     'REPORT_NAME',
+    'Cause',
+    'IncidentAction',
     'IncidentKind',
+    'Stage',
     'IncidentRecorder',
     'IncidentReport',
     'NotAnIncidentError',
+    'ReportData',
     'UnsafeIncidentFolderError',
     'UntrustedIncidentError',
     'check_batch_globals',

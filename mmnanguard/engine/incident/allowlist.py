@@ -7,8 +7,10 @@ An incident folder is data, never code, wherever it comes from.
 ``torch.load(..., weights_only=True)`` and an exact allowlist
 (:func:`incident_batch_globals`), in scope for that one load only: the
 data classes a batch holds (the mmdet/mmrotate/mmseg data samples,
-``InstanceData``, ``PixelData``, the box and mask types) and what numpy
-arrays pickle to; tensors, dicts, lists and tuples are torch's own
+``InstanceData``, ``LabelData``, ``PixelData``, the box and mask types;
+the data classes of any other installed OpenMMLab toolbox, admitted by
+what they are: :mod:`.toolbox_data_classes`) and what numpy arrays
+pickle to; tensors, dicts, lists and tuples are torch's own
 defaults. ``model.pth`` gets no entry beyond those defaults. A file that
 needs anything else is refused with :class:`UntrustedIncidentError`,
 naming the file and the global or the call; nothing from it runs. A file
@@ -40,11 +42,12 @@ from .names import (
     UntrustedIncidentError,
     describe_entry,
 )
+from .toolbox_data_classes import admitted_data_classes
 
 #: The data classes a ``batch.pth`` may hold, by module. A package that is
 #: not installed contributes none (its classes cannot be in a batch here).
 BATCH_CLASSES = (
-    ('mmengine.structures', ('InstanceData', 'PixelData')),
+    ('mmengine.structures', ('InstanceData', 'LabelData', 'PixelData')),
     ('mmdet.structures', ('DetDataSample',)),
     ('mmdet.structures.bbox', ('HorizontalBoxes',)),
     ('mmdet.structures.mask', ('BitmapMasks', 'PolygonMasks')),
@@ -69,8 +72,26 @@ def incident_batch_globals() -> List[Any]:
     return found + numpy_globals()
 
 
+def batch_globals(path: str) -> List[Any]:
+    """The allowlist of the ``batch.pth`` at ``path``:
+    :func:`incident_batch_globals` and the data classes of installed
+    OpenMMLab toolboxes that the file names
+    (:mod:`.toolbox_data_classes`).
+
+    Args:
+        path (str): A ``batch.pth``.
+
+    Returns:
+        list: Entries for ``torch.serialization.safe_globals``.
+    """
+    fixed = incident_batch_globals()
+    with scoped_safe_globals(fixed):
+        foreign = globals_outside(path)
+    return fixed + list(admitted_data_classes(foreign).values())
+
+
 def check_batch_globals(path: str) -> List[str]:
-    """The globals of ``path`` outside :func:`incident_batch_globals`.
+    """The globals of ``path`` outside :func:`batch_globals`.
 
     Read without unpickling. A legacy-format file cannot be scanned this
     way; the load itself refuses what it holds.
@@ -84,7 +105,7 @@ def check_batch_globals(path: str) -> List[str]:
     Raises:
         UntrustedIncidentError: Naming the file and the foreign globals.
     """
-    with scoped_safe_globals(incident_batch_globals()):
+    with scoped_safe_globals(batch_globals(path)):
         foreign = globals_outside(path)
     if foreign:
         raise UntrustedIncidentError(
@@ -211,7 +232,7 @@ def load_batch(path: str) -> Dict[str, Any]:
     """
     batch = _load_data_file(
         path,
-        incident_batch_globals(),
+        batch_globals(path),
         'incident batch',
         UntrustedIncidentError,
     )

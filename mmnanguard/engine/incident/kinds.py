@@ -1,11 +1,12 @@
 # Copyright (c) mmnanguard contributors. All rights reserved.
 """The kinds of incident the guard records, in one place."""
 
-from enum import Enum
 from typing import Optional
 
+from .labels import ReportLabel
 
-class IncidentKind(str, Enum):
+
+class IncidentKind(ReportLabel):
     """What went wrong in one iteration (or checkpoint).
 
     The value is what ``report.json`` stores under ``kind``; a member
@@ -27,9 +28,6 @@ class IncidentKind(str, Enum):
     GRAD_SPIKE = 'grad_spike'
     #: Another extension's veto dropped a finite update.
     VETOED_UPDATE = 'vetoed_update'
-
-    def __str__(self) -> str:
-        return self.value
 
     @property
     def counter(self) -> str:

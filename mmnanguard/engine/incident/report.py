@@ -3,9 +3,10 @@
 
 import math
 from dataclasses import dataclass, field, fields
-from typing import Any, Dict, Iterator, List, Optional
+from typing import Any, Dict, Iterator, List, Optional, Union
 
 from .kinds import IncidentKind
+from .labels import Cause, IncidentAction, Stage
 
 #: Fields that only the diagnosis (or a repeat) fills; ``report.json``
 #: holds them once they are set.
@@ -54,13 +55,13 @@ class IncidentReport:
             parameter check, the step that made the weights non-finite).
         epoch (int): The runner's epoch.
         kind (IncidentKind): What went wrong.
-        action (str): ``'raise'``, ``'skip'`` or ``'rollback'``.
+        action (IncidentAction): ``raise``, ``skip`` or ``rollback``.
         reason (str): Why that action (policy, escalation, ...).
         rank (int): This process' rank.
         world_size (int): Number of processes.
         local_fault (bool): Whether this rank saw the value itself.
-        stage (str, optional): Where the first non-finite value was seen
-            (see :mod:`mmnanguard.engine.guard.stage`).
+        stage (Stage, optional): Where the first non-finite value was
+            seen (see :mod:`mmnanguard.engine.guard.stage`).
         live (dict, optional): The live evidence behind ``stage``.
         loss_terms (dict): Loss terms of the iteration (non-finite as
             strings).
@@ -79,12 +80,12 @@ class IncidentReport:
     iteration: int
     epoch: int
     kind: IncidentKind
-    action: str
+    action: IncidentAction
     reason: str
     rank: int = 0
     world_size: int = 1
     local_fault: bool = True
-    stage: Optional[str] = None
+    stage: Optional[Stage] = None
     live: Optional[Dict[str, Any]] = None
     loss_terms: Dict[str, Any] = field(default_factory=dict)
     nonfinite_terms: Dict[str, str] = field(default_factory=dict)
@@ -105,7 +106,7 @@ class IncidentReport:
     report_path: Optional[str] = None
     #: Why the incident folder could not be written (a full disk, ...).
     write_error: Optional[str] = None
-    cause: Optional[str] = None
+    cause: Optional[Cause] = None
     reproduced: Optional[bool] = None
     evidence: Optional[Any] = None
     diagnosis: Optional[Dict[str, Any]] = None
@@ -117,8 +118,11 @@ class IncidentReport:
     #: The iteration that resume started at.
     resumed_at_iteration: Optional[int] = None
 
-    def __post_init__(self) -> None:
-        self.kind = IncidentKind(self.kind)
+    def __setattr__(self, name: str, value: Any) -> None:
+        label = _LABELS.get(name)
+        if label is not None:  # a string from disk, or a member
+            value = label.coerce(value, name)
+        super().__setattr__(name, value)
 
     # -- mapping access, restricted to the fields ---------------------------
     def _check(self, key: str) -> None:
@@ -158,7 +162,8 @@ class IncidentReport:
             value = getattr(self, f.name)
             if f.name in OPTIONAL_FIELDS and value is None:
                 continue
-            out[f.name] = value.value if f.name == 'kind' else value
+            label = f.name in _LABELS and value is not None
+            out[f.name] = value.value if label else value
         return out
 
     @classmethod
@@ -178,6 +183,10 @@ class IncidentReport:
 
 
 _FIELD_NAMES = frozenset(f.name for f in fields(IncidentReport))
+#: The fields held as enum members, and their enums.
+_LABELS: Dict[str, Any] = dict(
+    kind=IncidentKind, action=IncidentAction, stage=Stage, cause=Cause
+)
 
 
 def describe(report: Any) -> str:
@@ -195,3 +204,8 @@ def describe(report: Any) -> str:
         f"action: {report['action']} ({report['reason']}); "
         f'incident report: {path}'
     )
+
+
+#: A report as the diagnosis reads and completes it: live (an
+#: :class:`IncidentReport`) or read back from ``report.json`` (a dict).
+ReportData = Union[Dict[str, Any], IncidentReport]

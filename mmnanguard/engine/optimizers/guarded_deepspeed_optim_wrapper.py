@@ -30,7 +30,7 @@ copy and the moments) with the module's weights
 strategy saves as client state, from rank 0).
 """
 
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 import torch
 from mmengine._strategy.deepspeed import DeepSpeedOptimWrapper
@@ -69,7 +69,7 @@ class GuardedDeepSpeedOptimWrapper(
         ...                      optimizer=dict(type='SGD', lr=0.01))
     """
 
-    def attach_guard(self, guard: StepGuard) -> None:
+    def attach_guard(self, guard: Optional[StepGuard]) -> None:
         """Let ``guard`` decide every step (None detaches it).
 
         Raises:

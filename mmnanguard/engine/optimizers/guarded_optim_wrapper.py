@@ -29,12 +29,22 @@ What a guarded ``step`` does:
 """
 
 import functools
-from typing import Dict, List, Optional, Type
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Callable,
+    Dict,
+    List,
+    Optional,
+    Tuple,
+    Type,
+)
 
 import torch
 from mmengine.optim import AmpOptimWrapper, OptimWrapper
 
 from mmnanguard.compat.mmengine_private import count_step, static_loss_scale
+from mmnanguard.function_marks import mark
 from mmnanguard.registry import OPTIM_WRAPPERS, register_shared
 
 from ..guard.optim_members import optim_wrapper_members
@@ -46,13 +56,22 @@ from .cpu_amp_optim_wrapper import CPUAmpOptimWrapper
 #: (a subclass' own) runs after the verdict, unchanged.
 _KNOWN_STEPS = (OptimWrapper.step, AmpOptimWrapper.step)
 
+if TYPE_CHECKING:
+    from typing import TypeAlias
 
-class GuardedOptimWrapperMixin:
+    # the mixin is put in front of an OptimWrapper (untyped: Any)
+    _WrapperBase: TypeAlias = OptimWrapper
+else:
+    _WrapperBase = object
+
+
+class GuardedOptimWrapperMixin(_WrapperBase):
     """Put in front of an ``OptimWrapper`` class: every step is decided by
     the attached :class:`StepGuard` (none attached: the class unchanged).
     """
 
     nanguard: Optional[StepGuard] = None
+    clip_func: Callable[..., Any]  # OptimWrapper's, with clip_grad
     _nanguard_verdict: Optional[StepVerdict] = None
     _amp_step: Optional[AmpStep] = None
     _amp_iteration: int = -1
@@ -97,7 +116,7 @@ class GuardedOptimWrapperMixin:
         else:
             self._drop_step(scaler)
         if scaler is not None and verdict.amp_raw is not None:
-            verdict.amp = _amp_step(self, verdict)
+            verdict.amp = _amp_step(self, verdict.amp_raw, verdict.guard_drops)
             self._amp_step, self._amp_iteration = verdict.amp, guard.iteration
         amp_skip = not (stepped or verdict.guard_drops or scaler is None)
         guard.after_step(self._params(), stepped, amp_skip)
@@ -119,7 +138,10 @@ class GuardedOptimWrapperMixin:
 
     def _read(self, norm_type: float, params=None) -> StepVerdict:
         scaler = self._enabled_scaler()
-        return self.nanguard.read(
+        guard = self.nanguard
+        if guard is None:
+            raise RuntimeError('no StepGuard is attached')
+        return guard.read(
             self,
             self._params() if params is None else params,
             norm_type=norm_type,
@@ -159,19 +181,20 @@ def _base_step(cls: Type):
     return None
 
 
-def _amp_step(wrapper, verdict: StepVerdict) -> AmpStep:
-    """The scale after the step, from the read values and the GradScaler's
-    update rule (no second read): backoff on an inf, growth after
-    ``growth_interval`` clean steps, a static scale kept; unchanged when
-    the guard dropped the step."""
-    found_inf, scale, tracker = verdict.amp_raw
+def _amp_step(
+    wrapper: Any, amp_raw: Tuple[bool, float, int], dropped_by_guard: bool
+) -> AmpStep:
+    """The scale after the step, from the read values (the verdict's
+    ``amp_raw``) and the GradScaler's update rule (no second read): backoff
+    on an inf, growth after ``growth_interval`` clean steps, a static scale
+    kept; unchanged when the guard dropped the step."""
+    found_inf, scale, tracker = amp_raw
     scaler = wrapper.loss_scaler
     after, tracker_after = scale, tracker
-    dropped_by_guard = verdict.guard_drops
     if dropped_by_guard:
         pass
-    elif static_loss_scale(wrapper) is not None:
-        after = float(static_loss_scale(wrapper))
+    elif (static := static_loss_scale(wrapper)) is not None:
+        after = float(static)
     elif found_inf:
         after, tracker_after = scale * scaler.get_backoff_factor(), 0
     elif tracker + 1 >= scaler.get_growth_interval():
@@ -187,7 +210,9 @@ def _amp_step(wrapper, verdict: StepVerdict) -> AmpStep:
     )
 
 
-def _clip_with_verdict(wrapper, clip_func):
+def _clip_with_verdict(
+    wrapper: GuardedOptimWrapperMixin, clip_func: Callable[..., Any]
+) -> Callable[..., Any]:
     """``clip_func`` that reads the step's verdict first (before any
     gradient is scaled) and, for norm clipping, clips with the norm it read
     and returns it as a Python float."""
@@ -203,7 +228,8 @@ def _clip_with_verdict(wrapper, clip_func):
         wrapper._nanguard_verdict = verdict
         if not norm_clip:
             return clip_func(params, **kwargs)
-        if verdict.allows_step():
+        # a read verdict always carries the norm on the device
+        if verdict.allows_step() and verdict.grad_total is not None:
             torch.nn.utils.clip_grads_with_norm_(
                 params,
                 kwargs['max_norm'],
@@ -212,8 +238,7 @@ def _clip_with_verdict(wrapper, clip_func):
             )
         return verdict.grad_norm
 
-    clip._nanguard = True
-    return clip
+    return mark(clip, '_nanguard')
 
 
 @register_shared(OPTIM_WRAPPERS)
@@ -288,8 +313,7 @@ def _retarget_scheduler_counter(wrapper) -> None:
         count_step(wrapper)
         return guarded(*args, **kwargs)
 
-    step_with_counter._with_counter = True
-    wrapper.step = step_with_counter
+    wrapper.step = mark(step_with_counter, '_with_counter')
 
 
 def install_step_guard(optim_wrapper, guard: StepGuard) -> List[str]:

@@ -48,6 +48,7 @@ from mmnanguard.compat.declared_sizes import (
 from mmnanguard.engine.guard.checkpoint_layout import one_rank_shards
 from mmnanguard.engine.guard.dtensor import is_dtensor
 from mmnanguard.engine.guard.fsdp1_state import loads_through_strategy
+from mmnanguard.engine.guard.snapshot import unwrap_model
 from mmnanguard.fileio.checkpoint_verify import LOAD_ERRORS
 
 #: Optimizer state entries that have their parameter's shape.
@@ -83,8 +84,7 @@ def model_problem(saved: Any, model: torch.nn.Module) -> Optional[str]:
     sharded = one_rank_shards(saved)
     if sharded is not None:
         return sharded
-    inner = model.module if is_model_wrapper(model) else model
-    own = inner.state_dict()
+    own = unwrap_model(model).state_dict()
     revised = {MODULE_PREFIX.sub('', str(k)): v for k, v in saved.items()}
     missing = [key for key in own if key not in revised]
     if missing:

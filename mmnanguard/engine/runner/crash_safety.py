@@ -19,7 +19,7 @@ mmengine's).
 import logging
 import os
 import stat
-from typing import Callable, Optional
+from typing import List, Optional
 
 from mmengine.dist import broadcast_object_list, is_main_process
 from mmengine.hooks import CheckpointHook
@@ -32,6 +32,7 @@ from mmnanguard.fileio.checkpoint_verify import (
 from mmnanguard.fileio.durable_file import remove_temp_files
 from mmnanguard.fileio.durable_folder import remove_temp_folders
 
+from .checkpoint_fit import FitCheck
 from .durable_checkpoint_hook import DurableCheckpointHook
 from .preemption import PreemptionHook, PreemptionSignals
 from .resume_choice import UnusableCheckpointError, choose_resume_checkpoint
@@ -96,7 +97,7 @@ def check_load_from(load_from: str) -> None:
 def resume_target(
     work_dir: str,
     load_from: Optional[str],
-    fit: Optional[Callable[[str], Optional[str]]] = None,
+    fit: Optional[FitCheck] = None,
 ) -> Optional[str]:
     """The checkpoint a protected resume loads (the same on every rank).
 
@@ -109,9 +110,9 @@ def resume_target(
         work_dir (str): The run's work dir.
         load_from (str, optional): The checkpoint named for resuming;
             None: the newest of ``work_dir``.
-        fit (callable, optional): ``path -> problem``, why a checkpoint
-            that loads does not fit the run (:mod:`.checkpoint_fit`);
-            None: not checked.
+        fit (FitCheck, optional): ``size_problem(path)`` and
+            ``fit(path)``, why a checkpoint does not fit the run
+            (:mod:`.checkpoint_fit`); None: not checked.
 
     Returns:
         str | None: The checkpoint; None: start from scratch.
@@ -122,7 +123,8 @@ def resume_target(
             ``last_checkpoint`` is hostile (a :class:`CheckpointValueError`
             on the main process; the same message on every rank).
     """
-    chosen = [None, None]  # the path, or the error message
+    # the path, or the error message
+    chosen: List[Optional[str]] = [None, None]
     if is_main_process():
         for path in remove_temp_files(work_dir) + remove_temp_folders(
             work_dir

@@ -44,7 +44,7 @@ serialized checkpoint in memory before writing it).
 import importlib
 import os.path as osp
 from pathlib import Path
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, List, Optional, Type, Union
 
 import mmengine
 from mmengine._strategy import DDPStrategy, SingleDeviceStrategy
@@ -140,7 +140,7 @@ _ONE_FILE_SAVES = (
 )
 
 
-def _strategy_class(module: str, name: str) -> Optional[type]:
+def _strategy_class(module: str, name: str) -> Optional[Type[Any]]:
     """mmengine's strategy ``name``, or None where it cannot be imported
     (``DeepSpeedStrategy`` imports without deepspeed)."""
     try:
@@ -153,10 +153,11 @@ def _own_save_of(strategy: Any, module: str, name: str) -> bool:
     """Whether ``strategy`` saves with mmengine's ``name`` strategy's own
     ``save_checkpoint`` (as mended; not a subclass's own)."""
     cls = _strategy_class(module, name)
+    strategy_cls: Type[Any] = type(strategy)
     return (
         cls is not None
         and isinstance(strategy, cls)
-        and type(strategy).save_checkpoint is cls.save_checkpoint
+        and strategy_cls.save_checkpoint is cls.save_checkpoint
     )
 
 
@@ -201,17 +202,22 @@ def save_in_parts(save: Callable[[str], None], path: str) -> None:
         save (callable): Saves the checkpoint under the name given.
         path (str): The checkpoint's final name.
     """
-    private = [None]
+    private: List[Optional[str]] = [None]
     if is_main_process():
         mmengine.mkdir_or_exist(osp.dirname(path))
         private = [make_private_folder(path)]
     broadcast_object_list(private)
-    written = written_path(private[0], path)
+    folder = private[0]
+    if folder is None:
+        raise RuntimeError(
+            f'no private folder was broadcast for the checkpoint {path}'
+        )
+    written = written_path(folder, path)
     save(written)
     sync_tree(written)
     barrier()
     if is_main_process():
-        publish(private[0], path)
+        publish(folder, path)
     barrier()
 
 

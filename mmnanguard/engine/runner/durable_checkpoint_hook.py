@@ -43,7 +43,7 @@ when moving past mmengine 0.10.x.
 import copy
 import os.path as osp
 from collections import deque
-from typing import List, Optional
+from typing import Any, List, Optional
 
 from mmengine.dist import is_main_process
 from mmengine.hooks import CheckpointHook
@@ -60,6 +60,13 @@ class DurableCheckpointHook(CheckpointHook):
     Constructed like ``CheckpointHook`` (same arguments); the runner
     usually converts the configured hook with :meth:`adopt`.
     """
+
+    #: mmengine's file backend (untyped); a
+    #: :class:`~.checkpoint_removal.CheckpointRemovalBackend` from
+    #: ``before_train`` on.
+    file_backend: Any
+    #: The path of the latest checkpoint saved; None before the first.
+    last_ckpt: Optional[str]
 
     @classmethod
     def adopt(cls, hook: CheckpointHook) -> bool:

@@ -34,7 +34,7 @@ own; ``FSDPStrategy`` and ``DeepSpeedStrategy`` write folders of shards
 from every rank and are left as they are (:mod:`.durable_checkpoint`).
 """
 
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Union
 
 import torch.nn as nn
 from mmengine.runner import FlexibleRunner
@@ -69,6 +69,9 @@ class NanGuardFlexibleRunner(ProtectedRunnerMixin, FlexibleRunner):
         >>> _base_ = ['./my_detector.py', 'mmnanguard::_base_/nanguard.py']
         >>> strategy = dict(type='DDPStrategy')  # selects this runner
     """
+
+    #: The model config until the model is built, then the model.
+    model: Union[nn.Module, Dict[str, Any]]
 
     def __init__(
         self,

@@ -64,7 +64,8 @@ import logging
 import os.path as osp
 import signal
 import threading
-from typing import Any, Callable, Dict, Optional
+from types import FrameType
+from typing import Any, Callable, Dict, Optional, Union
 
 import torch
 from mmengine.dist import all_reduce, barrier, get_world_size, is_main_process
@@ -81,6 +82,13 @@ from .durable_checkpoint_hook import (
 EXIT_PREEMPTED = 4
 #: The signals that request a preemption save.
 PREEMPTION_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+#: A signal's handler as ``signal.signal`` returns it: a function,
+#: ``SIG_DFL`` or ``SIG_IGN`` (or their number), None for one not installed
+#: from Python.
+_Handler = Union[
+    Callable[[int, Optional[FrameType]], Any], int, signal.Handlers, None
+]
 
 
 class TrainingPreempted(RuntimeError):
@@ -116,7 +124,7 @@ class PreemptionSignals:
     def __init__(self) -> None:
         #: The first signal received (its number), None before.
         self.received: Optional[int] = None
-        self._previous: Dict[int, Any] = {}
+        self._previous: Dict[int, _Handler] = {}
 
     @property
     def signal_name(self) -> str:
@@ -151,7 +159,7 @@ class PreemptionSignals:
             self.received = signum
             return
         # a second signal: what would have happened without us
-        handler: Callable = self._previous.get(signum) or signal.SIG_DFL
+        handler = self._previous.get(signum) or signal.SIG_DFL
         self.restore()
         if callable(handler):
             handler(signum, frame)

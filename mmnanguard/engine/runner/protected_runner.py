@@ -12,7 +12,7 @@ their bases.
 
 import copy
 import logging
-from typing import Any, Callable, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional
 
 from mmengine.dist import master_only
 from mmengine.logging import print_log
@@ -42,6 +42,7 @@ from .crash_safety import (
 from .durable_checkpoint_hook import find_checkpoint_hook
 from .guarded_optim_config import guarded_optim_wrapper_cfg
 from .model_facts import read_model_facts
+from .preemption import PreemptionSignals
 from .protection import ProtectionSettings
 from .resume_errors import CheckpointValueError
 from .resumed_values import check_resumed_values
@@ -284,7 +285,18 @@ def train_with_signals(runner: Any, base: Callable[[], Any]) -> Any:
     return model
 
 
-class ProtectedRunnerMixin:
+if TYPE_CHECKING:
+    from typing import TypeAlias
+
+    from mmengine.runner import Runner
+
+    # the mixin is put in front of Runner or FlexibleRunner (untyped: Any)
+    _RunnerBase: TypeAlias = Runner
+else:
+    _RunnerBase = object
+
+
+class ProtectedRunnerMixin(_RunnerBase):
     """The overrides that are the same in both protected runners, each
     calling the mmengine runner class that follows it in the bases.
 
@@ -292,6 +304,14 @@ class ProtectedRunnerMixin:
         >>> class NanGuardRunner(ProtectedRunnerMixin, Runner):
         ...     pass
     """
+
+    # set by init_protection, before the base class's __init__
+    protection: ProtectionSettings
+    protection_notes: List[Note]
+    validate_transform: Optional[Dict[str, Any]]
+    _model_protected: bool
+    # set by register_default_hooks
+    preemption_signals: Optional[PreemptionSignals]
 
     @classmethod
     def from_cfg(cls, cfg: Any) -> Any:
@@ -308,7 +328,7 @@ class ProtectedRunnerMixin:
             Runner | FlexibleRunner: The runner.
         """
         prepare_cpu_distributed(cfg, cfg.get('launcher', 'none'))
-        return super().from_cfg(cfg)  # type: ignore[misc]
+        return super().from_cfg(cfg)
 
     @property
     def agrees_before_save(self) -> bool:

@@ -97,7 +97,9 @@ class ResumeChoice:
 
 
 def _same_file(a: Optional[str], b: Optional[str]) -> bool:
-    return bool(a and b) and osp.realpath(a) == osp.realpath(b)
+    if not a or not b:
+        return False
+    return osp.realpath(a) == osp.realpath(b)
 
 
 def _usable_problem(path: str, fit: Optional[FitCheck]) -> Optional[str]:

@@ -64,7 +64,7 @@ def _is_count(value: Any) -> bool:
     return (
         isinstance(value, Integral)
         and not isinstance(value, bool)
-        and value >= 0
+        and int(value) >= 0  # numbers.Integral declares no >=
     )
 
 

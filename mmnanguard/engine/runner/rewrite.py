@@ -118,7 +118,7 @@ def validate_transform(
     transform, why_not = complete_validate_settings(
         protection.validate_annotations, facts
     )
-    if transform is None:
+    if why_not is not None:  # the transform is None
         return None, [(logging.WARNING, why_not)]
     return transform, []
 

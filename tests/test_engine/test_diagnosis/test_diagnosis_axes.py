@@ -247,7 +247,7 @@ def test_backward_remedy_names_the_drop_in_and_the_first_parameter():
         data_batch=dict(inputs=torch.ones(2, 4), labels=torch.zeros(2, 1)),
         rng_state=None,
     )
-    diagnose(model, report, batch, replay_state='test')
+    diagnose(model, report, batch, replay_state='test').apply_to(report)
     assert report['cause'] == 'backward' and report['stage'] == 'backward'
     replay = report['evidence']['replay']
     assert replay['term_grads'] == dict(

@@ -24,6 +24,7 @@ from mmnanguard.engine.diagnosis import (
     diagnose,
     load_incident,
     replay_batch,
+    verdict_lines,
 )
 from mmnanguard.engine.diagnosis.explosion import grad_norm_growth
 from mmnanguard.engine.diagnosis.tree import first_nonfinite
@@ -157,7 +158,8 @@ def test_fp16_overflow_is_told_apart_by_the_fp32_replay():
         rng_state=None,
     )
     report = dict(kind='nonfinite_loss', iteration=3, history=[])
-    diagnose(
+    read = dict(report)
+    found = diagnose(
         model,
         report,
         batch,
@@ -165,6 +167,9 @@ def test_fp16_overflow_is_told_apart_by_the_fp32_replay():
         amp_dtype=torch.float16,
         loss_scale=1024.0,
     )
+    assert report == read  # the diagnosis is a value; the report unchanged
+    found.apply_to(report)
+    assert report['diagnosis']['verdict'] == verdict_lines(report)
     ev = report['evidence']
     assert ev['replay']['precision'] == 'float16'
     assert ev['replay']['forward_first']['module'] == 'a'

@@ -98,9 +98,9 @@ def safe_bbox2delta(
     if norm_factor:
         dt = dt / (norm_factor * math.pi)
     deltas = torch.stack([dx, dy, dw, dh, dt], dim=-1)
-    means = deltas.new_tensor(means).unsqueeze(0)
-    stds = deltas.new_tensor(stds).unsqueeze(0)
-    return (deltas - means) / stds
+    means_t = deltas.new_tensor(means).unsqueeze(0)
+    stds_t = deltas.new_tensor(stds).unsqueeze(0)
+    return (deltas - means_t) / stds_t
 
 
 def safe_delta2bbox(
@@ -151,9 +151,9 @@ def safe_delta2bbox(
         return deltas.float()
     rois = rois.float()
     deltas = deltas.float()
-    means = deltas.new_tensor(means).view(1, -1)
-    stds = deltas.new_tensor(stds).view(1, -1)
-    denorm = deltas.view(deltas.shape[:-1] + (-1, 5)) * stds + means
+    means_t = deltas.new_tensor(means).view(1, -1)
+    stds_t = deltas.new_tensor(stds).view(1, -1)
+    denorm = deltas.view(deltas.shape[:-1] + (-1, 5)) * stds_t + means_t
     dx, dy, dw, dh, dt = denorm.unbind(dim=-1)
     if norm_factor:
         dt = dt * (norm_factor * math.pi)
