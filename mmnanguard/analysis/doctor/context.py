@@ -1,7 +1,8 @@
 # Copyright (c) mmnanguard contributors. All rights reserved.
 """What the doctor's rules read off a config: values as written, classes
-that the types resolve to in the config's scope, and the built losses
-(light: no backbone, head or dataset is built)."""
+that the types resolve to in the config's scope, the built losses, and,
+for the rules that need it, the built model (no weights loaded, no
+dataset built)."""
 
 import inspect
 from functools import cached_property
@@ -133,3 +134,23 @@ class DoctorContext:
                 self.build_errors[entry.path] = f'{type(err).__name__}: {err}'
                 out.append((entry, None))
         return out
+
+    @cached_property
+    def built_model(self) -> Optional[nn.Module]:
+        """The model the config builds, on the meta device (no memory, no
+        initialisation), in train mode (a BatchNorm of a ``norm_eval=True``
+        backbone is then in eval mode); None when it does not build (the
+        error is then :attr:`model_build_error`)."""
+        self.model_build_error: Optional[str] = None
+        model_cfg = self.cfg.get('model')
+        if not model_cfg:
+            self.model_build_error = 'the config has no model'
+            return None
+        try:
+            with torch.device('meta'):
+                model = build_in_scope(model_cfg, self.scope)
+        except Exception as err:  # noqa: BLE001  (said by the rules)
+            self.model_build_error = f'{type(err).__name__}: {err}'
+            return None
+        model.train()
+        return model

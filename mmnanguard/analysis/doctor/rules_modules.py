@@ -2,7 +2,7 @@
 """Rules on the model's modules: loss weights, known-fragile modules that
 have a safe drop-in, and BatchNorm ``eps`` at a per-GPU batch of 1-2."""
 
-from typing import List
+from typing import List, Tuple
 
 from mmengine.registry import MODELS, TASK_UTILS
 from torch.nn.modules.batchnorm import _BatchNorm
@@ -93,13 +93,29 @@ def _batchnorms(ctx: DoctorContext):
             yield path, cfg.get('eps', default_of(cls, 'eps', 1e-5))
 
 
+def _built_batchnorms(ctx: DoctorContext) -> List[Tuple[str, float]]:
+    """(module path, eps) of every BatchNorm of the built model that
+    training updates (in train mode after ``model.train()``: a
+    ``norm_eval=True`` backbone's are not), for models whose BatchNorm is
+    a default of a class rather than written in the config."""
+    model = ctx.built_model
+    if model is None:
+        return []
+    return [
+        (f'model.{name}', float(module.eps))
+        for name, module in model.named_modules()
+        if isinstance(module, _BatchNorm) and module.training
+    ]
+
+
 def check_batchnorm_eps(ctx: DoctorContext) -> List[Finding]:
-    """BatchNorm with ``eps`` 1e-5 trained on a per-GPU batch of 1-2."""
+    """BatchNorm with ``eps`` 1e-5 trained on a per-GPU batch of 1-2: the
+    configs that set it, else the built model's modules."""
     if ctx.batch_size not in (1, 2):
         return []
     small = [(p, e) for p, e in _batchnorms(ctx) if e <= 1e-5]
     if not small:
-        return []
+        return _built_batchnorm_eps(ctx)
     paths = ', '.join(p for p, _ in small[:3])
     more = f' and {len(small) - 3} more' if len(small) > 3 else ''
     return [
@@ -111,6 +127,30 @@ def check_batchnorm_eps(ctx: DoctorContext) -> List[Finding]:
             'the batch variance of a flat feature map is ~0 and x / '
             'sqrt(var + eps) blows up',
             f"{small[0][0]}.eps=1e-3  # or type='GN', or SyncBN",
+            small[0][0],
+        )
+    ]
+
+
+def _built_batchnorm_eps(ctx: DoctorContext) -> List[Finding]:
+    small = [(p, e) for p, e in _built_batchnorms(ctx) if e <= 1e-5]
+    if not small:
+        return []
+    paths = ', '.join(p for p, _ in small[:3])
+    more = f' and {len(small) - 3} more' if len(small) > 3 else ''
+    # the component (backbone, neck, head) whose class takes norm_cfg
+    owner = '.'.join(small[0][0].split('.')[:2])
+    return [
+        Finding(
+            'batchnorm-small-batch',
+            'warning',
+            f'{len(small)} BatchNorm module(s) of the built model (a '
+            'default of their class, no norm_cfg in the config) with '
+            f'eps={small[0][1]:g} trained on {ctx.batch_size} image(s) per '
+            f'GPU ({paths}{more}): the batch variance of a flat feature map '
+            'is ~0 and x / sqrt(var + eps) blows up',
+            f"{owner}.norm_cfg=dict(type='BN', eps=1e-3)  # or type='GN', "
+            'or SyncBN',
             small[0][0],
         )
     ]

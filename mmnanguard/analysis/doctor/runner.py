@@ -9,6 +9,7 @@ from mmengine.config import Config
 from .context import DoctorContext
 from .finding import SEVERITIES, Finding
 from .rules_box_loss import check_box_loss_inputs
+from .rules_ctc import check_ctc_zero_infinity
 from .rules_empty_gt import check_empty_gt
 from .rules_labels import check_ignore_index
 from .rules_modules import (
@@ -40,6 +41,7 @@ RULES: Dict[str, Callable[[DoctorContext], List[Finding]]] = {
     'box loss inputs': check_box_loss_inputs,
     'empty ground truth': check_empty_gt,
     'resume': check_resume_grad_scaler,
+    'ctc zero_infinity': check_ctc_zero_infinity,
 }
 
 
