@@ -170,6 +170,25 @@ def test_report_values_stay_on_their_line():
     assert text.count('```') == 2
 
 
+def test_batch_line_names_each_sample_by_what_it_carries():
+    samples = [
+        dict(img_path='/data/a/0001.png', img_id=None, seg_map_path=None),
+        dict(
+            img_path='/data/v/clip_7.mp4',
+            img_id=None,
+            seg_map_path=None,
+            path_field='filename',
+        ),
+        dict(img_path=None, img_id=12, seg_map_path=None),
+        dict(img_path=None, img_id=None, seg_map_path=None),
+    ]
+    lines = render_markdown(_report(samples=samples)).splitlines()
+    assert (
+        '- batch: 0001.png, clip_7.mp4 (filename), image id 12, '
+        'a sample that names no file'
+    ) in lines
+
+
 def _write_report(folder, text):
     path = osp.join(folder, 'report.json')
     os.unlink(path)

@@ -58,6 +58,18 @@ def _or(value: Any, missing: str) -> str:
     return missing if value is None else str(value)
 
 
+def _sample_name(sample: Dict[str, Any]) -> str:
+    """A sample's file name (with the field it came from, where that is
+    not ``img_path``), else its image id."""
+    path = sample.get('img_path') or sample.get('seg_map_path')
+    if path:
+        field = sample.get('path_field')
+        return osp.basename(str(path)) + (f' ({field})' if field else '')
+    if sample.get('img_id') is not None:
+        return f"image id {sample['img_id']}"
+    return 'a sample that names no file'
+
+
 def stage_line(report: ReportData) -> str:
     """``'Stage: backward (live: ...); reproduced on replay: yes'``."""
     live = (report.get('live') or {}).get('text')
@@ -187,10 +199,7 @@ def render_markdown(report: ReportData) -> str:
         f'{i}. {line}' for i, line in enumerate(verdict_lines(report), start=1)
     ]
     out += ['', '## Evidence', '']
-    files = [
-        osp.basename(str(s.get('img_path') or s.get('seg_map_path')))
-        for s in report.get('samples', [])
-    ]
+    files = [_sample_name(s) for s in report.get('samples', [])]
     out.append(f"- batch: {', '.join(files) or '(unknown)'}")
     out.append(f"- replayed from: {diag['replay_state']}")
     if ev['data']:

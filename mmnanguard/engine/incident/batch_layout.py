@@ -23,8 +23,9 @@ incident only: splitting the dict layout by image reads the device);
 reading anything, for the per-iteration finiteness check.
 """
 
+import os.path as osp
 from collections.abc import Mapping
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -40,9 +41,30 @@ def _field(obj: Any, name: str) -> Any:
     return getattr(obj, name, None)
 
 
+def _file_field(meta: Mapping) -> Optional[Tuple[str, str]]:
+    """``(key, value)`` of the first metainfo string that names an
+    existing file or folder, keys that say so (``*path*``, ``*file*``)
+    first: where a toolbox's samples keep their source under another name
+    than ``img_path`` (a video's ``filename``, a restorer's ``gt_path``)."""
+    texts = [(k, v) for k, v in meta.items() if isinstance(v, str) and v]
+    named = [kv for kv in texts if 'path' in kv[0] or 'file' in kv[0]]
+    for key, value in named + [kv for kv in texts if kv not in named]:
+        if osp.exists(value):
+            return str(key), value
+    return None
+
+
 def _source(meta: Any) -> Dict[str, Any]:
+    """The :data:`SOURCE_KEYS` of a sample's metainfo; without an
+    ``img_path``, the file another field names (and ``path_field``, that
+    field's name)."""
     meta = meta if isinstance(meta, Mapping) else {}
-    return {key: meta.get(key) for key in SOURCE_KEYS}
+    record = {key: meta.get(key) for key in SOURCE_KEYS}
+    if record['img_path'] is None:
+        found = _file_field(meta)
+        if found is not None:
+            record['path_field'], record['img_path'] = found
+    return record
 
 
 def _image_count(data: Mapping, samples: Mapping) -> Optional[int]:
@@ -112,7 +134,9 @@ def sample_records(data: Any) -> List[Dict[str, Any]]:
 
     Returns:
         list[dict]: Per image: ``img_path``, ``img_id``, ``seg_map_path``
-        (None where the batch does not carry them), ``boxes`` (the
+        (None where the batch does not carry them; a sample without
+        ``img_path`` gives the existing file another metainfo field names,
+        and that field as ``path_field``), ``boxes`` (the
         ground-truth boxes: ``BaseBoxes``, a tensor or an array),
         ``labels`` (their class indices), ``keypoints``,
         ``keypoints_visible``, ``class_labels`` (an image classifier's
@@ -131,9 +155,14 @@ def sample_records(data: Any) -> List[Dict[str, Any]]:
 
 def sample_sources(data: Any) -> List[Dict[str, Any]]:
     """``img_path``, ``img_id`` and ``seg_map_path`` of every image of a
-    batch (see :func:`sample_records`)."""
+    batch (see :func:`sample_records`), and ``path_field`` where the file
+    came from another metainfo field than ``img_path``."""
     return [
-        {key: record[key] for key in SOURCE_KEYS}
+        {
+            key: record[key]
+            for key in SOURCE_KEYS + ('path_field',)
+            if key in record
+        }
         for record in sample_records(data)
     ]
 

@@ -114,3 +114,46 @@ def test_box_checks_and_input_flag_on_the_mmdet_layout(mmdet_batch):
     assert bool(finite_flag(batch_tensors(preprocessed)))
     sample.gt_instances.bboxes.tensor[0, 1] = float('nan')
     assert not bool(finite_flag(batch_tensors(preprocessed)))
+
+
+def test_a_sample_without_img_path_is_named_by_its_file_field(tmp_path):
+    """A toolbox that keeps its source under another field (a video's
+    ``filename``, a restorer's ``gt_path``): the record takes the field
+    that names an existing file, and says which one."""
+    from mmengine.structures import BaseDataElement
+
+    clip = tmp_path / 'clip_007.mp4'
+    clip.write_bytes(b'\0')
+    gt = tmp_path / 'gt'
+    gt.mkdir()
+    samples = [
+        BaseDataElement(
+            metainfo=dict(
+                label_text='a walk',  # a string, not a file
+                frame_dir=str(tmp_path / 'missing'),  # names nothing
+                filename=str(clip),
+            )
+        ),
+        BaseDataElement(metainfo=dict(gt_path=str(gt), scale=4)),
+        BaseDataElement(
+            metainfo=dict(img_path='kept.png', filename=str(clip))
+        ),
+        BaseDataElement(metainfo=dict(note='no file at all')),
+    ]
+    sources = sample_sources(dict(inputs=[0, 0, 0, 0], data_samples=samples))
+    assert sources == [
+        dict(
+            img_path=str(clip),
+            img_id=None,
+            seg_map_path=None,
+            path_field='filename',
+        ),
+        dict(
+            img_path=str(gt),
+            img_id=None,
+            seg_map_path=None,
+            path_field='gt_path',
+        ),
+        dict(img_path='kept.png', img_id=None, seg_map_path=None),
+        dict(img_path=None, img_id=None, seg_map_path=None),
+    ]
