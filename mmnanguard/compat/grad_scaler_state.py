@@ -57,3 +57,27 @@ def amp_state(scaler: Any, optimizer: Any) -> Optional[List[Tensor]]:
         else torch.zeros((), device=device)
     )
     return [found_inf, scale, scaler._growth_tracker]
+
+
+def forget_unscale(scaler: Any, optimizer: Any) -> None:
+    """Discard ``scaler``'s record that it unscaled ``optimizer`` this step
+    (what ``GradScaler.update`` does), leaving the scale as it is: the
+    guard dropped the step, no overflow did.
+
+    Args:
+        scaler (GradScaler): The scaler.
+        optimizer (Optimizer): The optimizer it unscaled.
+
+    Raises:
+        RuntimeError: ``_per_optimizer_states`` is gone (a torch this
+            module was not checked on).
+    """
+    states = getattr(scaler, '_per_optimizer_states', None)
+    if states is None:
+        raise RuntimeError(
+            f'nanguard: {type(scaler).__name__} of torch '
+            f'{torch.__version__} has no _per_optimizer_states; mmnanguard '
+            'clears it when it drops a step (checked on torch 2.13 and '
+            '2.14)'
+        )
+    states.pop(id(optimizer), None)

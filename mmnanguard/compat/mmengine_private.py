@@ -24,6 +24,7 @@ FIELDS = {
     # set on the optim wrapper by the param scheduler that wraps its step
     'OptimWrapper': ('_global_step',),
     '_ParamScheduler': ('_last_value', '_global_step'),
+    'FSDPStrategy': ('_is_full_state_dict',),
 }
 
 
@@ -105,3 +106,10 @@ def last_values(scheduler: Any) -> List[Any]:
 def scheduler_steps(scheduler: Any) -> int:
     """How many times a param scheduler stepped."""
     return getattr(scheduler, '_global_step', 0)
+
+
+# -- FSDPStrategy --------------------------------------------------------
+def fsdp_full_state_dict(strategy: Any) -> bool:
+    """Whether an ``FSDPStrategy`` saves a full state dict (one file from
+    the main process) rather than each rank's shards."""
+    return bool(require(strategy, '_is_full_state_dict')())

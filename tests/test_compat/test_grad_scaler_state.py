@@ -7,7 +7,11 @@ import math
 import pytest
 import torch
 
-from mmnanguard.compat.grad_scaler_state import FIELDS, amp_state
+from mmnanguard.compat.grad_scaler_state import (
+    FIELDS,
+    amp_state,
+    forget_unscale,
+)
 
 
 def _unscaled(grad_value: float, init_scale: float = 1024.0):
@@ -59,3 +63,24 @@ def test_a_missing_field_is_named():
     del scaler._growth_tracker
     with pytest.raises(RuntimeError, match=r"\['_growth_tracker'\]"):
         amp_state(scaler, optimizer)
+
+
+def test_forget_unscale_lets_the_next_step_unscale_again():
+    """After a dropped step, the next ``unscale_`` of the same optimizer is
+    allowed (torch refuses a second ``unscale_`` while the record stands)
+    and the scale is the one before."""
+    scaler, optimizer, param = _unscaled(2.0 * 1024.0)
+    with pytest.raises(RuntimeError, match='unscale_'):
+        scaler.unscale_(optimizer)  # the record of the first one stands
+    forget_unscale(scaler, optimizer)
+    param.grad = torch.full((3,), 4.0 * 1024.0)
+    scaler.unscale_(optimizer)
+    assert torch.equal(param.grad, torch.full((3,), 4.0))
+    assert scaler.get_scale() == 1024.0
+
+
+def test_forget_unscale_names_a_missing_field():
+    scaler, optimizer, _ = _unscaled(1.0)
+    del scaler._per_optimizer_states
+    with pytest.raises(RuntimeError, match='_per_optimizer_states'):
+        forget_unscale(scaler, optimizer)

@@ -4,6 +4,7 @@ mmengine, on real objects, and each accessor reads what mmengine reads."""
 
 import pytest
 import torch
+from mmengine._strategy.fsdp import FSDPStrategy
 from mmengine.optim import AmpOptimWrapper, OptimWrapper
 from mmengine.optim.scheduler import MultiStepLR
 from mmengine.runner import Runner
@@ -46,6 +47,7 @@ def _objects(runner):
         else None,
         'OptimWrapper': wrapper,
         '_ParamScheduler': scheduler,
+        'FSDPStrategy': FSDPStrategy(state_dict_cfg='local'),
     }
 
 
@@ -118,3 +120,11 @@ def test_count_step_and_a_missing_field_named():
     assert wrapper._global_step == 1
     with pytest.raises(RuntimeError, match="no '_scale_update_param'"):
         private.static_loss_scale(wrapper)
+
+
+@pytest.mark.parametrize(
+    'state_dict_cfg, full', [('full', True), ('local', False)]
+)
+def test_fsdp_full_state_dict_reads_the_strategy_setting(state_dict_cfg, full):
+    strategy = FSDPStrategy(state_dict_cfg=state_dict_cfg)
+    assert private.fsdp_full_state_dict(strategy) is full

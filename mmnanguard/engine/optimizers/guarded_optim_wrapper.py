@@ -43,6 +43,7 @@ from typing import (
 import torch
 from mmengine.optim import AmpOptimWrapper, OptimWrapper
 
+from mmnanguard.compat.grad_scaler_state import forget_unscale
 from mmnanguard.compat.mmengine_private import count_step, static_loss_scale
 from mmnanguard.function_marks import mark
 from mmnanguard.registry import OPTIM_WRAPPERS, register_shared
@@ -169,7 +170,7 @@ class GuardedOptimWrapperMixin(_WrapperBase):
         record of this step's ``unscale_`` is discarded, as ``update``
         would (torch keeps it in ``_per_optimizer_states``)."""
         if scaler is not None:
-            scaler._per_optimizer_states.pop(id(self.optimizer), None)
+            forget_unscale(scaler, self.optimizer)
         self.optimizer.zero_grad(set_to_none=True)
 
 

@@ -52,6 +52,7 @@ from mmengine.dist import barrier, broadcast_object_list, is_main_process
 from mmengine.fileio import LocalBackend, register_backend
 from mmengine.fileio.backends import backends as registered_backends
 
+from mmnanguard.compat.mmengine_private import fsdp_full_state_dict
 from mmnanguard.fileio.durable_file import write_durable, write_durable_by
 from mmnanguard.fileio.durable_folder import (
     make_private_folder,
@@ -164,7 +165,7 @@ def _own_save_of(strategy: Any, module: str, name: str) -> bool:
 def _fsdp_full(strategy: Any) -> bool:
     return _own_save_of(
         strategy, 'mmengine._strategy.fsdp', 'FSDPStrategy'
-    ) and bool(strategy._is_full_state_dict())
+    ) and fsdp_full_state_dict(strategy)
 
 
 def writes_one_file(strategy: Any) -> bool:
@@ -182,7 +183,7 @@ def writes_shards(strategy: Any) -> bool:
     writes a part of: ``FSDPStrategy`` with a local (sharded) state dict,
     ``DeepSpeedStrategy`` (not a subclass's own ``save_checkpoint``)."""
     fsdp = _own_save_of(strategy, 'mmengine._strategy.fsdp', 'FSDPStrategy')
-    return (fsdp and not strategy._is_full_state_dict()) or _own_save_of(
+    return (fsdp and not fsdp_full_state_dict(strategy)) or _own_save_of(
         strategy, 'mmengine._strategy.deepspeed', 'DeepSpeedStrategy'
     )
 
