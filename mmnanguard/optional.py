@@ -1,6 +1,6 @@
 # Copyright (c) mmnanguard contributors. All rights reserved.
 """Optional upstream packages: mmrotate, mmseg and the toolboxes (mmyolo,
-mmpretrain, mmpose).
+mmpretrain, mmpose, mmocr).
 
 ``import mmnanguard`` needs only mmengine, mmcv and mmdet. The rotated-box
 modules (``SafeDeltaXYWHTRBBoxCoder``, ``SinCosAngleCoder``,
@@ -31,7 +31,7 @@ from mmnanguard.supported_stacks import (
 #: Optional package (import name) -> how to install it, for the family
 #: (OpenMMLab or OneDL) of the installed mmdet; the toolboxes of
 #: :data:`~mmnanguard.supported_stacks.TOOLBOXES` (mmyolo, mmpretrain,
-#: mmpose), whose configs the include protects where they are installed.
+#: mmpose, mmocr), whose configs the include protects where they are installed.
 INSTALL = {name: install_line(name) for name in (*OPTIONAL_EXTRAS, *TOOLBOXES)}
 
 #: import name -> None (importable) or why it is not; filled on first use.
@@ -88,7 +88,7 @@ def unavailable_reason(package: str) -> Optional[str]:
 
 def is_available(package: str) -> bool:
     """Whether ``package`` (``'mmrotate'``, ``'mmseg'``, ``'mmyolo'``,
-    ``'mmpretrain'`` or ``'mmpose'``) imports.
+    ``'mmpretrain'``, ``'mmpose'`` or ``'mmocr'``) imports.
 
     Args:
         package (str): An import name from :data:`INSTALL`.

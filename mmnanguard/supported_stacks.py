@@ -54,6 +54,7 @@ TOOLBOXES: Dict[str, Tuple[str, str]] = {
     'mmyolo': ('mmyolo', '>=0.6.0,<0.7'),
     'mmpretrain': ('mmpretrain', '>=1.2.0,<1.3'),
     'mmpose': ('mmpose', '>=1.3.2,<1.4'),
+    'mmocr': ('mmocr', '>=1.0.1,<1.1'),
 }
 
 #: Import names ``import mmnanguard`` needs.
@@ -156,6 +157,8 @@ def install_line(name: str) -> str:
                 'install json_tricks, munkres and xtcocotools with numpy<2 '
                 'beside it)'
             )
+        if name == 'mmocr':
+            line += ' (its imgaug needs numpy<2)'
         return line
     family = installed_family() or 'upstream'
     line = (

@@ -1,6 +1,6 @@
 # Copyright (c) mmnanguard contributors. All rights reserved.
 """Marks for tests that need an optional package of the stack (mmrotate,
-mmseg, the toolboxes mmyolo, mmpretrain and mmpose): skipped, with the
+mmseg, the toolboxes mmyolo, mmpretrain, mmpose and mmocr): skipped, with the
 reason, on a supported stack that lacks it."""
 
 import pytest
@@ -21,4 +21,7 @@ needs_mmpretrain = pytest.mark.skipif(
 )
 needs_mmpose = pytest.mark.skipif(
     not is_available('mmpose'), reason='the stack has no mmpose'
+)
+needs_mmocr = pytest.mark.skipif(
+    not is_available('mmocr'), reason='the stack has no mmocr'
 )

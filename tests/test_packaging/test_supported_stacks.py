@@ -184,10 +184,13 @@ def test_toolboxes_are_checked_against_their_tested_range(monkeypatch):
             mmyolo='0.6.0',
             mmpretrain='1.3.0',
             mmpose='1.3.2',
+            mmocr='1.1.0',
         ),
     )
     assert version_problems() == [
-        'mmpretrain 1.3.0 is outside the tested range >=1.2.0,<1.3'
+        'mmpretrain 1.3.0 is outside the tested range >=1.2.0,<1.3',
+        'mmocr 1.1.0 is outside the tested range >=1.0.1,<1.1',
     ]
     assert install_line('mmyolo') == 'pip install "mmyolo>=0.6.0,<0.7"'
     assert '--no-deps' in install_line('mmpose')
+    assert install_line('mmocr').startswith('pip install "mmocr>=1.0.1,<1.1"')

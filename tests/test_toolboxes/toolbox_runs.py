@@ -8,7 +8,7 @@ import glob
 import json
 import os.path as osp
 from importlib import import_module
-from typing import Any, Callable, Dict, List
+from typing import Any, Callable, Dict, List, Optional
 
 import pytest
 import torch
@@ -36,14 +36,22 @@ def upstream_config(package: str, relative: str) -> str:
 
 
 class RunRecorder(Hook):
-    """The parameters after every iteration and the live lr of every
-    param group when the step runs, read off the runner's optimizer."""
+    """The parameters before training (``initial``) and after every
+    iteration (``params``) and the live lr of every param group when the
+    step runs, read off the runner's optimizer."""
 
     priority = 'LOWEST'
 
     def __init__(self) -> None:
+        self.initial: Dict[str, torch.Tensor] = {}
         self.params: List[Dict[str, torch.Tensor]] = []
         self.lrs: Dict[int, List[float]] = {}
+
+    def before_train(self, runner):
+        self.initial = {
+            name: p.detach().clone()
+            for name, p in runner.model.named_parameters()
+        }
 
     def before_train_iter(self, runner, batch_idx, data_batch=None):
         # LOWEST: after the param scheduler hooks set this step's lr
@@ -67,19 +75,22 @@ def train_protected(
     tmp_path: Any,
     upstream: str,
     shrink: Callable[[Config], None],
-    include: str = 'mmnanguard::_base_/nanguard.py',
+    include: Optional[str] = 'mmnanguard::_base_/nanguard.py',
     own_lines: str = '',
+    fault: Optional[str] = 'nan_grad',
 ) -> Dict[str, Any]:
     """Train ``upstream`` + the include, shrunk by ``shrink`` and
-    :func:`shrink_runtime`, with ``nan_grad`` planted at
-    :data:`FAULT_ITER`.
+    :func:`shrink_runtime`, with ``fault`` planted at :data:`FAULT_ITER`.
 
     Args:
         tmp_path: The work dir.
         upstream (str): The upstream config file.
         shrink (callable): Shrinks the loaded config in place.
-        include (str): The include listed after ``upstream``.
+        include (str, optional): The include listed after ``upstream``;
+            None: the upstream config alone, unguarded.
         own_lines (str): Lines of the user's config after ``_base_``.
+        fault (str, optional): The ``FaultInjectionHook`` fault planted;
+            None: nothing planted (a fault of the data or the model).
 
     Returns:
         dict: ``runner``, ``recorder`` (:class:`RunRecorder`), ``reports``
@@ -89,13 +100,15 @@ def train_protected(
     """
     work_dir = str(tmp_path)
     path = tmp_path / 'user_config.py'
-    path.write_text(f'_base_ = [{upstream!r}, {include!r}]\n{own_lines}')
+    bases = [upstream] if include is None else [upstream, include]
+    path.write_text(f'_base_ = {bases!r}\n{own_lines}')
     cfg = Config.fromfile(str(path))
     shrink(cfg)
     shrink_runtime(cfg, work_dir, max_iters=MAX_ITERS, batch_size=BATCH)
-    cfg.custom_hooks = list(cfg.get('custom_hooks') or []) + [
-        dict(type='FaultInjectionHook', fault='nan_grad', iteration=FAULT_ITER)
-    ]
+    if fault is not None:
+        cfg.custom_hooks = list(cfg.get('custom_hooks') or []) + [
+            dict(type='FaultInjectionHook', fault=fault, iteration=FAULT_ITER)
+        ]
     runner = RUNNERS.build(cfg)
     recorder = RunRecorder()
     runner.register_hook(recorder)

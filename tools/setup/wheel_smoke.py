@@ -13,10 +13,10 @@ It checks, and exits 1 with one ``FAILED: ...`` line per failed check:
    byte under ``mmnanguard/.mim/``, and the console entry points of
    :data:`mmnanguard.cli.COMMANDS`;
 2. ``import mmnanguard`` loads the installed copy; mmrotate, mmseg and
-   the toolboxes (mmyolo, mmpretrain, mmpose) are importable exactly where
-   the stack has them; the core modules are registered, and each rotated
-   module is the real class where mmrotate is present, else a placeholder
-   whose build raises ``MissingPackageError`` naming mmrotate;
+   the toolboxes (mmyolo, mmpretrain, mmpose, mmocr) are importable
+   exactly where the stack has them; the core modules are registered, and
+   each rotated module is the real class where mmrotate is present, else a
+   placeholder whose build raises ``MissingPackageError`` naming mmrotate;
 3. every console entry point answers ``--help`` (exit 0, its own name);
 4. ``mmnanguard-train`` trains a user's RetinaNet, FCN (with mmseg) and
    rotated RetinaNet (with mmrotate) config, each through
@@ -109,7 +109,14 @@ def check_import(present: Sequence[str]) -> None:
         where.startswith(sys.prefix) and 'site-packages' in where,
         f'mmnanguard imported from the installed wheel ({where})',
     )
-    for package in ('mmrotate', 'mmseg', 'mmyolo', 'mmpretrain', 'mmpose'):
+    for package in (
+        'mmrotate',
+        'mmseg',
+        'mmyolo',
+        'mmpretrain',
+        'mmpose',
+        'mmocr',
+    ):
         expected = package in present
         check(
             is_available(package) == expected,

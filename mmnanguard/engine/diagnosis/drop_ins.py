@@ -29,13 +29,34 @@ SAFE_MODULES_INCLUDE = 'mmnanguard::_base_/safe_modules.py'
 
 def _entry(name: str, obj: Any, term: Optional[str] = None) -> Dict[str, Any]:
     kind = type(obj).__name__
-    return dict(
+    entry: Dict[str, Any] = dict(
         term=term,
         module=name,
         type=kind,
         config_path=f'model.{name}',
         drop_in=DROP_INS.get(kind),
     )
+    ctc = _ctc_loss(name, obj)
+    if ctc is not None:  # the module is, or holds, a torch CTCLoss
+        entry['ctc'] = ctc
+    return entry
+
+
+def _ctc_loss(name: str, obj: Any) -> Optional[Dict[str, Any]]:
+    """Where a torch ``CTCLoss`` is in ``obj`` (itself or a submodule)
+    and its ``zero_infinity``; the config path of the module that takes
+    ``zero_infinity`` (the owner of the ``CTCLoss``)."""
+    if not isinstance(obj, nn.Module):
+        return None
+    for sub, module in obj.named_modules(prefix=name):
+        if isinstance(module, nn.CTCLoss):
+            owner = sub.rpartition('.')[0]
+            return dict(
+                module=sub,
+                zero_infinity=bool(module.zero_infinity),
+                config_path=f'model.{owner}' if owner else 'model',
+            )
+    return None
 
 
 def _term_matches(term: str, name: str, module: nn.Module) -> bool:

@@ -62,7 +62,18 @@ def _drop_in_lines(entries: List[Dict[str, Any]]) -> List[str]:
     for entry in entries:
         term = f" (loss term `{entry['term']}`)" if entry.get('term') else ''
         where = f"`{entry['type']}` at `{entry['config_path']}`{term}"
-        if entry.get('drop_in'):
+        ctc = entry.get('ctc')
+        if ctc is not None and not ctc['zero_infinity']:
+            lines.append(
+                f'{where} is a CTC loss with zero_infinity=False '
+                f"(`{ctc['module']}`): a text label that cannot be aligned "
+                'to the output sequence (longer than it, or with repeated '
+                'characters that need a blank frame between them) has an '
+                f"infinite loss. Set `{ctc['config_path']}.zero_infinity="
+                'True`, or drop such labels (`python tools/doctor.py '
+                'CONFIG` reports the setting: ctc-zero-infinity).'
+            )
+        elif entry.get('drop_in'):
             lines.append(
                 f"Replace {where} with mmnanguard's drop-in "
                 f"`dict(type='{entry['drop_in']}', ...)` (every argument "

@@ -81,7 +81,7 @@ def write_timeline(report: ReportData, folder: str) -> str:
             log=True,
         )
     axes[0].set_ylabel('loss terms')
-    if terms:
+    if axes[0].get_legend_handles_labels()[0]:  # none before iteration 1
         axes[0].legend(fontsize=7, loc='upper left', ncol=3)
     panels = (
         ('grad_norm', 'grad norm', True),
