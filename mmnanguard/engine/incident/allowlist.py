@@ -23,7 +23,7 @@ import importlib
 import os.path as osp
 import pickle
 import zipfile
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
@@ -84,10 +84,18 @@ def batch_globals(path: str) -> List[Any]:
     Returns:
         list: Entries for ``torch.serialization.safe_globals``.
     """
+    return _scan_batch_globals(path)[0]
+
+
+def _scan_batch_globals(path: str) -> Tuple[List[Any], List[str]]:
+    """One scan of ``path``: its allowlist (:func:`batch_globals`) and the
+    globals it names outside that allowlist."""
     fixed = incident_batch_globals()
     with scoped_safe_globals(fixed):
         foreign = globals_outside(path)
-    return fixed + list(admitted_data_classes(foreign).values())
+    admitted = admitted_data_classes(foreign)
+    refused = [name for name in foreign if name not in admitted]
+    return fixed + list(admitted.values()), refused
 
 
 def check_batch_globals(path: str) -> List[str]:
@@ -105,8 +113,7 @@ def check_batch_globals(path: str) -> List[str]:
     Raises:
         UntrustedIncidentError: Naming the file and the foreign globals.
     """
-    with scoped_safe_globals(batch_globals(path)):
-        foreign = globals_outside(path)
+    foreign = _scan_batch_globals(path)[1]
     if foreign:
         raise UntrustedIncidentError(
             f'Refusing to load the incident batch {path!r}: it references '
