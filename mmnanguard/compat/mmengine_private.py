@@ -25,6 +25,7 @@ FIELDS = {
     'OptimWrapper': ('_global_step',),
     '_ParamScheduler': ('_last_value', '_global_step'),
     'FSDPStrategy': ('_is_full_state_dict',),
+    'EpochBasedTrainLoop': ('_epoch',),
 }
 
 
@@ -113,3 +114,10 @@ def fsdp_full_state_dict(strategy: Any) -> bool:
     """Whether an ``FSDPStrategy`` saves a full state dict (one file from
     the main process) rather than each rank's shards."""
     return bool(require(strategy, '_is_full_state_dict')())
+
+
+# -- EpochBasedTrainLoop -------------------------------------------------
+def end_loop_epoch(loop: Any) -> None:
+    """Count one finished epoch as ``EpochBasedTrainLoop.run_epoch`` does
+    after ``after_train_epoch``."""
+    loop._epoch = require(loop, '_epoch') + 1

@@ -7,7 +7,7 @@ import torch
 from mmengine._strategy.fsdp import FSDPStrategy
 from mmengine.optim import AmpOptimWrapper, OptimWrapper
 from mmengine.optim.scheduler import MultiStepLR
-from mmengine.runner import Runner
+from mmengine.runner import EpochBasedTrainLoop, Runner
 
 from mmnanguard.compat import mmengine_private as private
 from mmnanguard.testing.toy import ToyDataset, ToyModel
@@ -48,6 +48,9 @@ def _objects(runner):
         'OptimWrapper': wrapper,
         '_ParamScheduler': scheduler,
         'FSDPStrategy': FSDPStrategy(state_dict_cfg='local'),
+        'EpochBasedTrainLoop': EpochBasedTrainLoop(
+            runner, runner.train_dataloader, max_epochs=2
+        ),
     }
 
 
@@ -128,3 +131,10 @@ def test_count_step_and_a_missing_field_named():
 def test_fsdp_full_state_dict_reads_the_strategy_setting(state_dict_cfg, full):
     strategy = FSDPStrategy(state_dict_cfg=state_dict_cfg)
     assert private.fsdp_full_state_dict(strategy) is full
+
+
+def test_end_loop_epoch_counts_as_run_epoch_does(runner):
+    loop = EpochBasedTrainLoop(runner, runner.train_dataloader, max_epochs=2)
+    assert loop.epoch == 0
+    private.end_loop_epoch(loop)
+    assert loop.epoch == 1

@@ -68,12 +68,12 @@ def _torchrun(mode, work, *extra):
     ]
 
 
-def _preempted_run(mode, work, targets):
+def _preempted_run(mode, work, targets, *extra):
     """Start the slow run, SIGTERM ``targets`` (ranks) at the marker;
     return torchrun's status and its output."""
     env = dict(os.environ, PYTHONWARNINGS='ignore', OMP_NUM_THREADS='1')
     proc = subprocess.Popen(
-        [sys.executable] + _torchrun(mode, work, 'slow'),
+        [sys.executable] + _torchrun(mode, work, 'slow', *extra),
         cwd=REPO,
         env=env,
         stdout=subprocess.PIPE,
@@ -195,3 +195,43 @@ def test_sigterm_saves_once_exits_4_and_resumes(mode, targets, tmp_path):
         k.removeprefix('module.'): v for k, v in ckpt['state_dict'].items()
     }
     assert not all(torch.equal(saved[k], weights[0][k]) for k in saved)
+
+
+def test_ddp_resume_ends_with_the_uninterrupted_weights(tmp_path):
+    """SIGTERM to both ranks of a DDP run (``NanGuardRunner``; the NaN
+    gradient of rank 1 skipped at iteration 3; each sample's inputs
+    jittered by numpy's generator, as a random transform draws, and
+    dropped out by torch's in the model), resumed at iteration 5: each
+    rank's shard of the sampler continues where it stopped, the jitter and
+    the dropout draw again what they drew, and the weights at iteration 8
+    equal, every tensor, those of the same run never interrupted (bare
+    mmengine's resume, which reloads the trained batches, replays the
+    jitter but not the dropout)."""
+    whole = tmp_path / 'whole'
+    whole.mkdir()
+    out = run_script(
+        _torchrun('runner', whole, 'jitter'),
+        timeout=300,
+        env=dict(OMP_NUM_THREADS='1'),
+    )
+    assert out.returncode == 0, (out.stdout + out.stderr)[-6000:]
+    work = tmp_path / 'work'
+    work.mkdir()
+    status, log = _preempted_run('runner', work, (0, 1), 'jitter')
+    assert status == 1, log[-6000:]
+    out = run_script(
+        _torchrun('runner', work, 'resume', 'jitter'),
+        timeout=300,
+        env=dict(OMP_NUM_THREADS='1'),
+    )
+    log = out.stdout + out.stderr
+    assert out.returncode == 0, log[-6000:]
+    assert f'nanguard: resumed at iteration {STOP_AT}' in log, log[-6000:]
+    for rank in (0, 1):
+        expected = torch.load(str(whole / f'weights_rank{rank}.pth'))
+        resumed = torch.load(str(work / f'weights_rank{rank}.pth'))
+        assert expected.keys() == resumed.keys()
+        differ = [
+            k for k in expected if not torch.equal(expected[k], resumed[k])
+        ]
+        assert differ == [], (rank, differ)

@@ -85,6 +85,7 @@ def build_cfg(
     max_iters: int,
     resume,
     slow: bool = False,
+    jitter: bool = False,
 ):
     import ways_in_toy  # noqa: F401  (WaysInToyModel, WaysInToyDataset)
     from mmengine.config import Config
@@ -121,12 +122,16 @@ def build_cfg(
         work_dir,
         max_iters=max_iters,
         custom_hooks=hooks,
-        model=dict(type='WaysInToyModel'),
+        model=dict(
+            type='WaysInDropoutToyModel' if jitter else 'WaysInToyModel'
+        ),
         env_cfg=dict(dist_cfg=dict(backend='gloo')),
         launcher='pytorch' if world > 1 else 'none',
         resume=resume,
     )
-    cfg['train_dataloader']['dataset'] = dict(type='WaysInToyDataset')
+    cfg['train_dataloader']['dataset'] = dict(
+        type='WaysInJitteredToyDataset' if jitter else 'WaysInToyDataset'
+    )
     if slow:  # the preemption save is the only checkpoint
         cfg['default_hooks']['checkpoint']['interval'] = 10 * max_iters
     if mode == 'fsdp2':
@@ -167,7 +172,13 @@ def main(way: str, mode: str, work_dir: str, max_iters: str, *rest) -> int:
     )
 
     cfg = build_cfg(
-        way, mode, work_dir, int(max_iters), 'resume' in rest, 'slow' in rest
+        way,
+        mode,
+        work_dir,
+        int(max_iters),
+        'resume' in rest,
+        'slow' in rest,
+        'jitter' in rest,
     )
     prepare_cpu_distributed(cfg, cfg.launcher)
     # as mmdet's tools/train.py builds it

@@ -26,6 +26,7 @@ from ..guard.snapshot import unwrap_model
 from ..guard.started import started
 from ..incident import IncidentRecorder, mark_discarded
 from ..optimizers import install_step_guard
+from ..resume import ExactResume
 
 DATA_BATCH = Optional[Any]
 
@@ -108,6 +109,7 @@ class NanGuardHook(Hook):
         self._enforcer = LrBackoffEnforcer(self.responder)
         self._dropped_scalars = DroppedStepScalars()
         self._save_agreed = False
+        self._exact_resume = ExactResume()
 
     # -- what other hooks and tests read -----------------------------------
     @property
@@ -186,6 +188,11 @@ class NanGuardHook(Hook):
         if not getattr(runner, 'agrees_before_save', False):
             self._guard_alone(runner)
         runner.logger.info(f'nanguard active: {self.settings.to_dict()}')
+        self._exact_resume.before_train(runner)
+
+    def before_train_epoch(self, runner) -> None:
+        """Count the trained batches of the epoch from 0."""
+        self._exact_resume.epoch_started()
 
     def before_train_iter(
         self, runner, batch_idx: int, data_batch: DATA_BATCH = None
@@ -209,6 +216,7 @@ class NanGuardHook(Hook):
         """Hand the iteration's outcome to the responder; keep a dropped
         step's values out of the smoothed log (``DroppedStepScalars``)."""
         outcome = started(self.step_guard, 'the step guard').outcome
+        self._exact_resume.iteration_done(batch_idx)
         try:
             self.responder.on_iteration(runner, outcome, self._traces)
         finally:
@@ -241,6 +249,7 @@ class NanGuardHook(Hook):
             self._traces,
             alone=is_distributed() and not agreed,
         )
+        self._exact_resume.record(runner, checkpoint)
 
     def after_load_checkpoint(self, runner, checkpoint: dict) -> None:
         """On resume: restore what :meth:`before_save_checkpoint` stored,
@@ -258,6 +267,7 @@ class NanGuardHook(Hook):
                 f'nanguard: refusing to load the checkpoint: {sharded}'
             )
         self.responder.load_state_dict(checkpoint.get('nanguard', {}))
+        self._exact_resume.load(runner, checkpoint)
         iteration = checkpoint.get('meta', {}).get('iter')
         if isinstance(iteration, int) and is_main_process():
             marked = mark_discarded(
@@ -269,6 +279,15 @@ class NanGuardHook(Hook):
                     f'{len(marked)} incident folder(s) of the discarded '
                     f'part of the run are marked DISCARDED: {marked}'
                 )
+
+    def before_val(self, runner) -> None:
+        """Keep the random generators: validation does not move the
+        training's draws (:mod:`~..resume.exact_resume`)."""
+        self._exact_resume.before_val()
+
+    def after_val(self, runner) -> None:
+        """Give the random generators back their state before validation."""
+        self._exact_resume.after_val()
 
     def after_train(self, runner) -> None:
         """Read the last step's parameter check; log a summary."""

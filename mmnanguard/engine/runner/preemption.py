@@ -35,9 +35,9 @@ Which checkpoint
 ----------------
 * ``IterBasedTrainLoop``: ``iter_<n>.pth`` after iteration ``n`` (the
   ``CheckpointHook`` file name and ``max_keep_ckpts`` rotation). A resume
-  continues at iteration ``n + 1``; mmengine advances the dataloader past
-  the ``n`` batches already seen, so the data order is the one an
-  uninterrupted run sees.
+  continues at iteration ``n + 1`` with the batch an uninterrupted run
+  trains there (the sampler advanced past the ``n`` batches without
+  loading them: :mod:`mmnanguard.engine.resume`).
 * ``EpochBasedTrainLoop``, signal during the last iteration of an epoch:
   the boundary is the end of the epoch (after ``after_train_epoch``, so
   after an epoch checkpoint of ``CheckpointHook``); the checkpoint is
@@ -46,18 +46,9 @@ Which checkpoint
   skipped.
 * ``EpochBasedTrainLoop``, signal mid-epoch: ``iter_<n>.pth`` (outside the
   ``max_keep_ckpts`` rotation of an epoch-based ``CheckpointHook``) with
-  ``meta`` ``epoch`` = the unfinished epoch and ``iter=n``. **mmengine
-  0.10.7 resumes an epoch-based loop at the start of the epoch in
-  ``meta``**: ``EpochBasedTrainLoop.run_epoch`` iterates the whole
-  dataloader again, in the same order (the sampler is seeded by the
-  epoch), so the batches of the unfinished epoch that ran before the
-  signal are trained a second time, and ``runner.iter`` keeps counting
-  from ``n``: after the resumed run the iteration count is higher by the
-  number of repeated batches, and iteration-based schedules (warm-up,
-  ``convert_to_iter_based``) run that far ahead. No data is skipped. (Had
-  the checkpoint been saved with ``epoch = e + 1``, as mmengine's
-  ``by_epoch`` save does, the rest of the epoch would be skipped instead.)
-  Use an ``IterBasedTrainLoop`` where this matters.
+  ``meta`` ``epoch`` = the unfinished epoch and ``iter=n``. The resume
+  continues that epoch at its next batch (:mod:`mmnanguard.engine.resume`;
+  bare mmengine 0.10.7 starts the epoch again from its first batch).
 """
 
 import logging

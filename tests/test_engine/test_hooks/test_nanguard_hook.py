@@ -86,10 +86,13 @@ def same(xs, ys):
 def test_triggered_stages():
     assert set(NanGuardHook().get_triggered_stages()) == {
         'before_train',
+        'before_train_epoch',  # counts the epoch's trained batches
         'before_train_iter',
         'after_train_iter',
         'before_save_checkpoint',
         'after_load_checkpoint',
+        'before_val',  # keeps the generators across validation
+        'after_val',
         'after_train',
     }
 
