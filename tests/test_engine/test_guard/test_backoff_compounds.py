@@ -9,12 +9,15 @@ iterations so that the lr reaches its peak within the test. The gradient
 explodes at full lr and the guard rolls back to the iteration-0 snapshot
 (``snapshot_interval=50``); each rollback must leave half the lr of the
 one before (0.5, then 0.25 of the schedule), so the retry does not climb
-back to the peak where the first attempt failed.
+back to the peak where the first attempt failed. Where a retry fails
+depends on the data drawn (which batches, which flips), so the retries
+are held to a bound: never above half the peak of the attempt before.
 The expected lrs are computed from the config, not read from the guard.
 """
 
 import glob
 import os.path as osp
+import re
 import sys
 
 import pytest
@@ -104,18 +107,23 @@ def test_rollbacks_halve_the_lr_each_time(tmp_path, config, lr):
     first, second = probe.restored[:2]
     assert first == pytest.approx([start * 0.5] * len(first), rel=1e-12)
     assert second == pytest.approx([start * 0.25] * len(second), rel=1e-12)
-    # each retry peaks at half the lr of the one before
+    # the first attempt reaches the peak; each retry stays at or below
+    # half the peak of the one before (where it fails depends on the data)
     peaks = {}
     for attempt, used in probe.used.values():
         peaks[attempt] = max(peaks.get(attempt, 0.0), used)
     assert peaks[0] == pytest.approx(lr)
-    assert peaks[1] == pytest.approx(lr * 0.5)
-    if 2 in peaks:
-        assert peaks[2] == pytest.approx(lr * 0.25)
+    for attempt in range(1, probe.rollbacks + 1):
+        if attempt in peaks:
+            assert peaks[attempt] <= lr * 0.5**attempt * (1 + 1e-9)
     # the messages show the live lrs: failed step -> restored
     log = open(glob.glob(osp.join(work_dir, '*', '*.log'))[0]).read()
     assert f'{lr:.3g}->{start * 0.5:.3g}; rollback 1/3' in log
-    assert f'{lr * 0.5:.3g}->{start * 0.25:.3g}; rollback 2/3' in log
+    failed = re.search(
+        rf'lr restored: ([0-9.e+-]+)->{start * 0.25:.3g}; rollback 2/3', log
+    )
+    assert failed is not None, log[-3000:]
+    assert float(failed.group(1)) <= lr * 0.5 * (1 + 1e-3)
     # trained through, or stopped with a report
     if stopped is None:
         assert runner.iter == MAX_ITERS
