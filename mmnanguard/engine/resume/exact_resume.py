@@ -201,9 +201,15 @@ class ExactResume:
         resumed = point is not None and loop.iter > 0
         restore = _restorer(point.rng if resumed and point else None)
         if iter_based:
-            free = loop.iter if resumed else 0
+            trained = loop.iter if resumed else 0
+            # onedl-mmengine's loop does not advance at all with
+            # fast_forward_on_resume=True; the sampler is advanced anyway
+            advances = not getattr(loop, 'fast_forward_on_resume', False)
             loop.dataloader_iterator = ResumedIterator(
-                loop.dataloader, free, restore
+                loop.dataloader,
+                trained if advances else 0,
+                restore,
+                trained,
             )
             where = f'batch {loop.iter + 1} of the sampler'
         elif resumed and point and point.trained_in_epoch:

@@ -20,7 +20,8 @@ batch the interrupted run would have received next.
   costs nothing, and the first real ``next`` advances the batch sampler
   by ``runner.iter`` batches, passing the end of a finite sampler as
   mmengine's ``_InfiniteDataloaderIterator`` does (``set_epoch`` of the
-  next pass).
+  next pass). onedl-mmengine 0.10.12 advances with one ``skip_iter``
+  call instead, which it takes as well.
 * :func:`resumed_run_epoch` is ``EpochBasedTrainLoop.run_epoch`` for the
   interrupted epoch: the sampler advanced by the batches the checkpoint
   says were trained in it, and the batch index of each hook call counted
@@ -168,22 +169,34 @@ class ResumedIterator:
 
     Args:
         loader (DataLoader): The loop's loader.
-        free (int): The resumed iteration.
+        free (int): The calls of ``next`` the loop makes to advance (its
+            resumed iteration; 0 where it does not advance).
         restore (callable): Restores the checkpoint's random generators.
+        trained (int, optional): The batches to advance the sampler by
+            (the resumed iteration). Defaults to ``free``.
     """
 
     def __init__(
-        self, loader: DataLoader, free: int, restore: Callable[[], None]
+        self,
+        loader: DataLoader,
+        free: int,
+        restore: Callable[[], None],
+        trained: Optional[int] = None,
     ) -> None:
         self._loader = loader
         self._free = free
-        self._trained = free
+        self._trained = free if trained is None else trained
         self._restore: Optional[Callable[[], None]] = restore
         self._epoch = 0
         self._iterator: Optional[Iterator[Any]] = None
 
     def __iter__(self) -> 'ResumedIterator':
         return self
+
+    def skip_iter(self, num_iters: int) -> None:
+        """The loop's advance as onedl-mmengine 0.10.12 makes it (one call
+        instead of ``num_iters`` calls of ``next``): costs nothing."""
+        self._free = max(0, self._free - num_iters)
 
     def _next_pass(self) -> None:
         self._epoch += 1

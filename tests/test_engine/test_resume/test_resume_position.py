@@ -161,3 +161,29 @@ def test_iteration_loop_resume_equals_mmengines_iterator(
     assert restored == [1]  # once, before the first fetch
     assert rest == whole[trained:]
     assert dataset.loads == 12
+
+
+@pytest.mark.parametrize('advance_calls', ['next', 'skip_iter', 'none'])
+def test_iteration_loop_advance_as_each_mmengine_makes_it(
+    advance_calls, no_pass_pause
+):
+    """mmengine 0.10.7 calls ``next`` per trained iteration,
+    onedl-mmengine 0.10.12 calls ``skip_iter`` once, or nothing with
+    ``fast_forward_on_resume=True``: the next batch is the same."""
+    dataset = CountingDataset(8)
+    loader = _loader(dataset, InfiniteSampler(dataset, seed=4))
+    seeded_batch_sampler(loader).number_from(4, 0, 0)
+    uninterrupted = mmengine_loops._InfiniteDataloaderIterator(loader)
+    whole = [next(uninterrupted).tolist() for _ in range(7)]
+
+    dataset = CountingDataset(8)
+    loader = _loader(dataset, InfiniteSampler(dataset, seed=4))
+    seeded_batch_sampler(loader).number_from(4, 0, 5)
+    free = 0 if advance_calls == 'none' else 5
+    resumed = ResumedIterator(loader, free, lambda: None, trained=5)
+    if advance_calls == 'next':
+        assert [next(resumed) for _ in range(5)] == [None] * 5
+    elif advance_calls == 'skip_iter':
+        resumed.skip_iter(5)
+    assert [next(resumed).tolist() for _ in range(2)] == whole[5:]
+    assert dataset.loads == 4
