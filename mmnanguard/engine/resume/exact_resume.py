@@ -198,10 +198,11 @@ class ExactResume:
         if problem:
             runner.logger.warning(f'nanguard: {problem}; {RESUME_AS_MMENGINE}')
             return
-        resumed = point is not None and loop.iter > 0
-        restore = _restorer(point.rng if resumed and point else None)
+        if loop.iter == 0:  # a fresh run, or a checkpoint of iteration 0
+            point = None
+        restore = _restorer(point.rng if point else None)
         if iter_based:
-            trained = loop.iter if resumed else 0
+            trained = loop.iter if point else 0
             # onedl-mmengine's loop does not advance at all with
             # fast_forward_on_resume=True; the sampler is advanced anyway
             advances = not getattr(loop, 'fast_forward_on_resume', False)
@@ -212,7 +213,7 @@ class ExactResume:
                 trained,
             )
             where = f'batch {loop.iter + 1} of the sampler'
-        elif resumed and point and point.trained_in_epoch:
+        elif point and point.trained_in_epoch:
             self._resume_epoch(loop, point.trained_in_epoch, restore)
             where = (
                 f'batch {point.trained_in_epoch + 1} of epoch {loop.epoch + 1}'
@@ -220,7 +221,7 @@ class ExactResume:
         else:
             restore()
             where = f'the first batch of epoch {loop.epoch + 1}'
-        if resumed and point:
+        if point:
             self._say_resumed(runner, loop, where, point)
 
     def _seed_batches(self, runner: Any, loop: Any) -> Optional[str]:
