@@ -74,6 +74,37 @@ def pytest_report_collectionfinish(config, start_path, items):
     return []
 
 
+def _drop_stale_visualizers() -> None:
+    """Forget mmengine visualizers whose run folder is gone.
+
+    Upstream configs name their visualizer ``'visualizer'``, and mmengine
+    gives every later runner of the process the instance of that name,
+    which writes into the first run's ``vis_data``. A passing test's
+    ``tmp_path`` is removed when it ends (``tmp_path_retention_policy``),
+    so the next run's config dump would fail there: each runner gets a
+    visualizer of its own, as in a process of its own.
+    """
+    from mmengine.visualization import Visualizer
+
+    classes = [Visualizer]
+    while classes:
+        cls = classes.pop()
+        classes.extend(cls.__subclasses__())
+        instances = getattr(cls, '_instance_dict', {})
+        for name, visualizer in list(instances.items()):
+            backends = getattr(visualizer, '_vis_backends', {}).values()
+            save_dirs = [getattr(b, '_save_dir', None) for b in backends]
+            if any(d and not osp.isdir(osp.dirname(d)) for d in save_dirs):
+                del instances[name]
+
+
+@pytest.fixture(autouse=True)
+def _fresh_visualizer_per_run():
+    """Before each test, drop the visualizers of removed run folders."""
+    _drop_stale_visualizers()
+    yield
+
+
 @pytest.fixture(scope='session')
 def tiny_dota_root(tmp_path_factory):
     """A generated 8-image DOTA-format folder (``trainval/``)."""

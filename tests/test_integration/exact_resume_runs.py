@@ -5,6 +5,7 @@ iteration trained: its files and flips, for an exact-resume comparison."""
 
 import os.path as osp
 import signal
+import uuid
 from typing import Any, List, Optional, Tuple
 
 from integration_utils import NANGUARD_DOTA
@@ -66,10 +67,13 @@ def resume_config(
 ) -> Config:
     """The config: 2 epochs of 4 iterations (or 8 iterations of an
     ``IterBasedTrainLoop`` over the same finite sampler), a checkpoint
-    after every iteration."""
+    after every iteration (the newest two kept: a resume reads the
+    newest)."""
     cfg = Config.fromfile(NANGUARD_DOTA if protected else TINY_DOTA_CONFIG)
     cfg.work_dir = work_dir
-    cfg.experiment_name = osp.basename(work_dir)
+    # unique in the process: runners of one name share mmengine's
+    # visualizer and logger instances (and so their folders)
+    cfg.experiment_name = f'{osp.basename(work_dir)}_{uuid.uuid4().hex[:8]}'
     cfg.train_dataloader.dataset.data_root = osp.join(data_root, '')
     cfg.train_dataloader.num_workers = num_workers
     cfg.train_dataloader.persistent_workers = num_workers > 0
@@ -84,7 +88,7 @@ def resume_config(
             scheduler.by_epoch = False
             scheduler.pop('convert_to_iter_based', None)
     cfg.default_hooks.checkpoint = dict(
-        type='CheckpointHook', interval=1, by_epoch=False
+        type='CheckpointHook', interval=1, by_epoch=False, max_keep_ckpts=2
     )
     return cfg
 

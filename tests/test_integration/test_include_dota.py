@@ -5,6 +5,7 @@ broken annotation in the data, under the default ``skip`` policy."""
 import glob
 import json
 import os.path as osp
+import uuid
 
 import pytest
 from integration_utils import NANGUARD_DOTA
@@ -25,7 +26,7 @@ def test_include_skips_broken_annotation(broken_dota, tmp_path):
     assert cfg.nanguard.policy == 'skip'
     assert cfg.optim_wrapper.clip_grad == dict(max_norm=35, norm_type=2)
     cfg.work_dir = str(tmp_path)
-    cfg.experiment_name = 'include_dota'
+    cfg.experiment_name = f'include_dota_{uuid.uuid4().hex[:8]}'
     cfg.train_dataloader.dataset.data_root = broken_dota['root'] + '/'
     # 4 images, the broken one among them: 2 iterations per epoch, 2
     # epochs, a checkpoint after each (epoch-based loop)

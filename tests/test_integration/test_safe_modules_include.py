@@ -82,7 +82,7 @@ def test_safe_modules_include(broken_dota, tmp_path):
     # the config itself is untouched: the runner swaps the types
     assert cfg.model.bbox_head.loss_cls.type == 'mmdet.FocalLoss'
     cfg.work_dir = str(tmp_path / 'work')
-    cfg.experiment_name = 'safe_include'
+    cfg.experiment_name = f'safe_include_{uuid.uuid4().hex[:8]}'
     cfg.train_dataloader.dataset.data_root = broken_dota['root'] + '/'
     cfg.train_cfg.max_epochs = 1
     runner = RUNNERS.build(cfg)

@@ -13,6 +13,7 @@ import math
 import os
 import os.path as osp
 import shutil
+import uuid
 
 import pytest
 import torch
@@ -135,7 +136,7 @@ def test_best_ckpt_outside_is_not_removed_by_save_best(run, layout):
     cfg = Config.fromfile(run['config'])
     cfg.work_dir = work
     cfg.resume = True
-    cfg.experiment_name = 'best_ckpt_attack'
+    cfg.experiment_name = f'best_ckpt_attack_{uuid.uuid4().hex[:8]}'
     cfg.default_hooks.checkpoint.save_best = 'coco/bbox_mAP'
     cfg.default_hooks.checkpoint.rule = 'greater'
     runner = RUNNERS.build(cfg)

@@ -7,6 +7,7 @@ switch, and ``--guard`` keeping every ``nanguard.*`` option."""
 import glob
 import logging
 import os.path as osp
+import uuid
 
 import pytest
 from mmengine.config import Config
@@ -132,7 +133,7 @@ def test_runner_reads_the_built_model(tmp_path):
     rpn = with_include(tmp_path, RPN)
     rpn.model.backbone.init_cfg = None
     rpn.work_dir = str(tmp_path / 'rpn')
-    rpn.experiment_name = 'rpn_warning_once'
+    rpn.experiment_name = f'rpn_warning_once_{uuid.uuid4().hex[:8]}'
     runner = RUNNERS.build(rpn)
     assert runner.validate_transform is None
     log = open(glob.glob(osp.join(runner.log_dir, '*.log'))[0]).read()
