@@ -29,6 +29,11 @@ from mmengine.utils import ProgressBar
 
 from mmnanguard.optional import require_packages
 
+from .annotation_records import (
+    annotation_file_of,
+    coco_annotation_id,
+    voc_object_index,
+)
 from .dota_annfile import ANN_FILE_KEY, ANN_LINES_KEY, load_dota_data_list
 from .transforms.validate_annotations import check_results
 
@@ -141,19 +146,41 @@ def _same_as_upstream(ours: List[dict], upstream: List[dict]) -> None:
 
 
 def _locate(
-    results: Dict[str, Any], violation: Any, loading: bool
-) -> Tuple[str, Optional[int]]:
-    """File and annfile line of a violation."""
+    results: Dict[str, Any],
+    violation: Any,
+    loading: bool,
+    coco_json: Optional[str] = None,
+) -> Tuple[str, Optional[int], Optional[str]]:
+    """File, annfile line and record (``'object 2'`` of a VOC xml,
+    ``'annotation id 57'`` of a COCO json) of a violation.
+
+    Records are named at the loading stages only (an augmentation may drop
+    instances); ``coco_json`` is the dataset's annotation json.
+    """
     if violation.check == 'seg_values':
-        return results.get('seg_map_path', ''), None
+        return results.get('seg_map_path', ''), None, None
     if violation.index is None:
-        return results.get('img_path', ''), None
+        return results.get('img_path', ''), None, None
     ann_file = results.get(ANN_FILE_KEY)
     if ann_file is not None:
         line = results[ANN_LINES_KEY][violation.index] if loading else None
-        return ann_file, line
+        return ann_file, line, None
+    boxes = results.get('gt_bboxes')
+    count = len(boxes) if loading and boxes is not None else -1
     # VOC keeps each image's boxes in its own Annotations/*.xml
-    return results.get('xml_path') or results.get('img_path', ''), None
+    xml = results.get('xml_path')
+    if xml:
+        found = voc_object_index(xml, violation.index, count, True)
+        return xml, None, None if found is None else f'object {found}'
+    ann_id = None
+    if coco_json:
+        img_id = results.get('img_id')
+        ann_id = coco_annotation_id(
+            coco_json, img_id, violation.index, count, True
+        )
+    if ann_id is not None:
+        return coco_json or '', None, f'annotation id {ann_id}'
+    return results.get('img_path', ''), None, None
 
 
 def _seed(value: int) -> None:
@@ -212,6 +239,12 @@ class DatasetScan:
         )
         self.num_instances = 0
         self.num_skipped = 0
+        #: The dataset's annotation json (COCO-format datasets): problems
+        #: found while loading name their annotation id.
+        ann_file = annotation_file_of(self.dataset)
+        self.coco_json = (
+            ann_file if ann_file and ann_file.endswith('.json') else None
+        )
 
     def _record(
         self, results: Dict[str, Any], stage: str, loading: bool, seen: set
@@ -220,9 +253,10 @@ class DatasetScan:
             results, negative_coords=loading, **self.check_args
         )
         for v in violations:
-            file, line = _locate(results, v, loading)
+            file, line, record = _locate(results, v, loading, self.coco_json)
             # loading stages: one entry per (line, check) over all stages
-            key = (file, line, v.index, v.check, '' if loading else stage)
+            place = '' if loading else stage
+            key = (file, line, record, v.index, v.check, place)
             if key in seen:
                 continue
             seen.add(key)
@@ -231,6 +265,7 @@ class DatasetScan:
                     kind=v.check,
                     file=file,
                     line=line,
+                    record=record,
                     instance=v.index,
                     stage=stage,
                     **{
@@ -250,6 +285,7 @@ class DatasetScan:
                 kind='pipeline_error',
                 file=file,
                 line=None,
+                record=None,
                 instance=None,
                 stage=stage,
                 values=[],
@@ -373,13 +409,14 @@ def format_report(report: Dict[str, Any], max_rows: int = 100) -> str:
         )
         rows.append((kind, str(len(items)), shown))
     lines += ['', _table(rows), '']
-    rows = [('kind', 'file', 'line', 'instance', 'stage', 'detail')]
+    rows = [('kind', 'file', 'line', 'record', 'instance', 'stage', 'detail')]
     for p in problems[:max_rows]:
         rows.append(
             (
                 p['kind'],
                 p['file'],
                 '' if p['line'] is None else str(p['line']),
+                p.get('record') or '',
                 '' if p['instance'] is None else str(p['instance']),
                 p['stage'],
                 p['detail'],

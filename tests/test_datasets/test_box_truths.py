@@ -28,11 +28,13 @@ def test_a_voc_box_is_located_in_its_xml():
         img_path='VOC2007/JPEGImages/000001.jpg',
         xml_path='VOC2007/Annotations/000001.xml',
     )
+    # the xml itself is not on disk: its object cannot be told
     assert _locate(results, v, True) == (
         'VOC2007/Annotations/000001.xml',
         None,
+        None,
     )
-    assert _locate(dict(img_path='a.jpg'), v, True) == ('a.jpg', None)
+    assert _locate(dict(img_path='a.jpg'), v, True) == ('a.jpg', None, None)
 
 
 def test_training_time_validation_names_the_voc_xml():

@@ -76,7 +76,7 @@ def test_voc_box_written_as_xywh_is_named_in_its_xml(tmp_path):
     ]
     line = describe_finding(findings[0])
     assert line.startswith(
-        'Annotations/000001.xml (batch sample 1, instance 0)'
+        'Annotations/000001.xml object 1 (batch sample 1, instance 0)'
     )
     assert 'inverted box (x1, y1, x2, y2) = (' in line
     assert 'zero-size' not in line

@@ -75,6 +75,14 @@ def test_family_trains_protected(family, family_runs):
         'nonfinite_loss' if run['fault'] == 'inf_loss' else 'nonfinite_grad'
     )
     assert report['kind'] == expected_kind
+    # the training set's annotation file: one COCO json; none for DOTA's
+    # folder of annfiles or Cityscapes' label images
+    dataset = runner.train_dataloader.dataset
+    if family == 'mask_rcnn_coco':
+        assert osp.samefile(report['ann_file'], dataset.ann_file)
+        assert report['ann_file'].endswith('.json')
+    else:
+        assert report['ann_file'] is None
     # the skipped step left every parameter as it was after iteration 0
     before, after = run['params_after']
     assert before.keys() == after.keys()

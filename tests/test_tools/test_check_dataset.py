@@ -207,7 +207,10 @@ def test_coco_negative_coordinate_instance(tool, tmp_path):
     assert code == 1
     (problem,) = report['problems']
     assert problem['kind'] == 'negative_coord'
-    assert problem['file'] == osp.join(root, 'images', '000001.png')
+    # named where it lives: the json and the record's id (image 2 is
+    # 000001.png)
+    assert osp.samefile(problem['file'], written['ann_file'])
+    assert problem['record'] == 'annotation id 999'
     assert problem['instance'] == index
     assert problem['values'] == [-5.0, 10.0, 25.0, 40.0]
 

@@ -14,6 +14,10 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 from torch import nn
 
+from mmnanguard.datasets.annotation_records import (
+    coco_annotation_id,
+    voc_object_index,
+)
 from mmnanguard.datasets.checks import (
     check_boxes,
     check_image,
@@ -118,6 +122,7 @@ def check_batch(
     preprocessed: Optional[Any] = None,
     num_classes: Optional[int] = None,
     ignore_index: int = 255,
+    ann_file: Optional[str] = None,
 ) -> List[Dict[str, Any]]:
     """Every data problem in a batch, per sample.
 
@@ -137,13 +142,17 @@ def check_batch(
         num_classes (int, optional): Label range; None skips label and
             segmentation checks.
         ignore_index (int): Allowed extra segmentation value.
+        ann_file (str, optional): The dataset's annotation file; a COCO
+            json names each bad box's annotation id.
 
     Returns:
         list[dict]: One finding per violation: ``check``, ``index``
         (instance), ``values``, ``detail``, ``sample`` (index in the batch),
         ``stage`` (``'raw'``, ``'preprocessed'``, ``'gt_instances'``,
         ``'gt_label'`` or ``'gt_sem_seg'``), ``img_path``, ``img_id``,
-        ``seg_map_path`` and, for DOTA, ``annfile`` and ``line``.
+        ``seg_map_path`` and the record: ``annfile`` and, for DOTA,
+        ``line``; for VOC, ``object`` (in the xml); for COCO, ``ann_id``
+        (in the json).
     """
     findings: List[Dict[str, Any]] = []
     records = sample_records(preprocessed) if preprocessed else []
@@ -166,7 +175,7 @@ def check_batch(
             break  # a raw NaN pixel stays NaN after normalisation
     for i, record in enumerate(records):
         findings += _check_record(
-            i, record, sources[i], num_classes, ignore_index
+            i, record, sources[i], num_classes, ignore_index, ann_file
         )
     return findings
 
@@ -196,6 +205,7 @@ def _check_record(
     source: Dict[str, Any],
     num_classes: Optional[int],
     ignore_index: int,
+    ann_file: Optional[str] = None,
 ) -> List[Dict[str, Any]]:
     out: List[Dict[str, Any]] = []
     boxes = record['boxes']
@@ -212,6 +222,16 @@ def _check_record(
                 )
             elif xml is not None:
                 found.update(annfile=xml)
+                if v.index is not None:
+                    found['object'] = voc_object_index(
+                        xml, v.index, len(boxes)
+                    )
+            elif ann_file and v.index is not None:
+                ann_id = coco_annotation_id(
+                    ann_file, source.get('img_id'), v.index, len(boxes)
+                )
+                if ann_id is not None:
+                    found.update(annfile=ann_file, ann_id=ann_id)
             out.append(found)
     if num_classes is None:
         return out
@@ -252,24 +272,46 @@ def _fmt_value(value: Any) -> str:
     return f'{value:.4g}' if isinstance(value, float) else str(value)
 
 
-def describe_finding(found: Dict[str, Any]) -> str:
-    """One line: file (and line), instance, check, values, detail."""
-    where = (
+def record_place(found: Dict[str, Any], short: bool = False) -> str:
+    """Where a finding lives: the annotation file and the record in it
+    (DOTA line, VOC object, COCO annotation id, with the image), else the
+    image or the segmentation map, else the batch sample.
+
+    Args:
+        found (dict): A finding of :func:`check_batch`.
+        short (bool): File names without their folders, but for an
+            annotation file's own folder (``Annotations/NAME.xml``,
+            ``annotations/train.json``).
+    """
+    where = str(
         found.get('annfile')
         or found.get('img_path')
         or found.get('seg_map_path')
         or f"sample {found['sample']}"
     )
-    where = str(where)
-    # a VOC box lives in Annotations/NAME.xml: keep the folder in the name
-    parent = osp.basename(osp.dirname(where))
-    where = (
-        osp.join(parent, osp.basename(where))
-        if where.endswith('.xml')
-        else osp.basename(where)
-    )
+    if short:
+        parent = osp.basename(osp.dirname(where))
+        where = (
+            osp.join(parent, osp.basename(where))
+            if where.endswith(('.xml', '.json'))
+            else osp.basename(where)
+        )
     if found.get('line'):
         where += f" line {found['line']}"
+    if found.get('object'):
+        where += f" object {found['object']}"
+    if found.get('ann_id') is not None:
+        image = found.get('img_path')
+        image = osp.basename(str(image)) if short and image else image
+        where += f" annotation id {found['ann_id']}"
+        if image:
+            where += f' (image {image})'
+    return where
+
+
+def describe_finding(found: Dict[str, Any]) -> str:
+    """One line: file (and record), instance, check, values, detail."""
+    where = record_place(found, short=True)
     inst = '' if found.get('index') is None else f", instance {found['index']}"
     values = ', '.join(_fmt_value(v) for v in found.get('values', []))
     words = CHECK_WORDS.get(found['check'], found['check'])

@@ -133,7 +133,11 @@ def diagnose(
             model, batch['data_batch'], rng_state, None, None, anomaly
         )['result']
     findings = check_batch(
-        batch['data_batch'], first['preprocessed'], num_classes, ignore_index
+        batch['data_batch'],
+        first['preprocessed'],
+        num_classes,
+        ignore_index,
+        ann_file=report.get('ann_file'),
     )
     result = classify(
         report, findings, replay, fp32, explosion_ratio, optimizer_nonfinite

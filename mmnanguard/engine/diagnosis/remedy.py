@@ -4,19 +4,13 @@
 from typing import Any, Dict, List, Optional
 
 from ..incident import Cause, Stage
+from .batch_checks import record_place
 from .drop_ins import SAFE_MODULES_INCLUDE
 from .replay import ReplayResult
 
 
 def _data_remedy(finding: Dict[str, Any]) -> List[str]:
-    where = (
-        finding.get('annfile')
-        or finding.get('img_path')
-        or finding.get('seg_map_path')
-        or f"sample {finding['sample']}"
-    )
-    if finding.get('line'):
-        where = f"{where} line {finding['line']}"
+    where = record_place(finding)
     check = finding['check']
     lines = []
     if check == 'image_finite':

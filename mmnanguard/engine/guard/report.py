@@ -7,6 +7,8 @@ from typing import Any, Dict, List, Optional
 
 from mmengine.dist import get_rank, get_world_size
 
+from mmnanguard.datasets.annotation_records import annotation_file_of
+
 from ..incident import (
     IncidentAction,
     IncidentKind,
@@ -106,5 +108,12 @@ def build_report(
         top_grad_params=top_grad_params or [],
         history=history,
         work_dir=runner.work_dir,
+        ann_file=_train_ann_file(runner),
         **extra,
     )
+
+
+def _train_ann_file(runner) -> Optional[str]:
+    """The training dataset's annotation file, or None."""
+    loader = getattr(getattr(runner, 'train_loop', None), 'dataloader', None)
+    return annotation_file_of(getattr(loader, 'dataset', None))

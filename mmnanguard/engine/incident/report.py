@@ -96,6 +96,9 @@ class IncidentReport:
     top_grad_params: List[Dict[str, Any]] = field(default_factory=list)
     history: List[Dict[str, Any]] = field(default_factory=list)
     work_dir: Optional[str] = None
+    #: The training dataset's annotation file (a COCO json names each bad
+    #: box's annotation id), when it is one file.
+    ann_file: Optional[str] = None
     #: The iteration in which the guard saw it, when later than
     #: ``iteration`` (a parameter check is read with the next step).
     detected_at: Optional[int] = None
