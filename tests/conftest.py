@@ -98,11 +98,13 @@ def _drop_stale_visualizers() -> None:
                 del instances[name]
 
 
-@pytest.fixture(autouse=True)
-def _fresh_visualizer_per_run():
-    """Before each test, drop the visualizers of removed run folders."""
-    _drop_stale_visualizers()
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    """After each test's teardown (its ``tmp_path`` removed), drop the
+    visualizers of removed run folders, before any fixture of the next
+    test builds a runner."""
     yield
+    _drop_stale_visualizers()
 
 
 @pytest.fixture(scope='session')
