@@ -35,30 +35,27 @@ def _number(value: Any) -> Optional[float]:
     return None
 
 
-def _kept_record(ann: Any, width: Any, height: Any) -> Optional[str]:
-    """Why mmdet drops ``ann`` (a short reason), or '' when it keeps it
-    as a ground-truth instance, or None when it keeps it as ignored
-    (``iscrowd``)."""
+def _kept_as_crowd(ann: Any, width: Any, height: Any) -> Optional[bool]:
+    """Whether mmdet keeps ``ann`` as an ignored (``iscrowd``) instance:
+    False for a ground-truth one, None when it drops the record."""
     if not isinstance(ann, dict) or ann.get('ignore', False):
-        return 'ignored'
+        return None
     bbox = ann.get('bbox')
     if not isinstance(bbox, list) or len(bbox) != 4:
-        return 'no bbox'
+        return None
     numbers = [_number(v) for v in bbox + [ann.get('area')]]
     if any(v is None for v in numbers):
-        return 'non-numeric bbox'
+        return None
     x1, y1, w, h, area = cast(List[float], numbers)
     img_w, img_h = _number(width), _number(height)
     if img_w is not None and img_h is not None:
         inter_w = max(0.0, min(x1 + w, img_w) - max(x1, 0.0))
         inter_h = max(0.0, min(y1 + h, img_h) - max(y1, 0.0))
-        if inter_w * inter_h == 0:
-            return 'outside the image'
+        if inter_w * inter_h == 0:  # outside the image
+            return None
     if area <= 0 or w < 1 or h < 1:
-        return 'too small'
-    if ann.get('iscrowd', False):
         return None
-    return ''
+    return bool(ann.get('iscrowd', False))
 
 
 @lru_cache(maxsize=2)
@@ -83,9 +80,9 @@ def _coco_index(
         if not isinstance(img_id, (int, str)) or img_id not in index:
             continue
         width, height, kept = index[img_id]
-        why = _kept_record(ann, width, height)
-        if why is None or why == '':
-            kept.append((ann.get('id'), why is None))
+        crowd = _kept_as_crowd(ann, width, height)
+        if crowd is not None:
+            kept.append((ann.get('id'), crowd))
     return index
 
 

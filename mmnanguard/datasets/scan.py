@@ -155,7 +155,8 @@ def _locate(
     ``'annotation id 57'`` of a COCO json) of a violation.
 
     Records are named at the loading stages only (an augmentation may drop
-    instances); ``coco_json`` is the dataset's annotation json.
+    instances); ``coco_json`` is the dataset's annotation file (any
+    other than a COCO json names nothing).
     """
     if violation.check == 'seg_values':
         return results.get('seg_map_path', ''), None, None
@@ -172,14 +173,13 @@ def _locate(
     if xml:
         found = voc_object_index(xml, violation.index, count, True)
         return xml, None, None if found is None else f'object {found}'
-    ann_id = None
     if coco_json:
         img_id = results.get('img_id')
         ann_id = coco_annotation_id(
             coco_json, img_id, violation.index, count, True
         )
-    if ann_id is not None:
-        return coco_json or '', None, f'annotation id {ann_id}'
+        if ann_id is not None:
+            return coco_json, None, f'annotation id {ann_id}'
     return results.get('img_path', ''), None, None
 
 
@@ -239,12 +239,9 @@ class DatasetScan:
         )
         self.num_instances = 0
         self.num_skipped = 0
-        #: The dataset's annotation json (COCO-format datasets): problems
-        #: found while loading name their annotation id.
-        ann_file = annotation_file_of(self.dataset)
-        self.coco_json = (
-            ann_file if ann_file and ann_file.endswith('.json') else None
-        )
+        #: The dataset's annotation file: where it is a COCO json,
+        #: problems found while loading name their annotation id.
+        self.ann_file = annotation_file_of(self.dataset)
 
     def _record(
         self, results: Dict[str, Any], stage: str, loading: bool, seen: set
@@ -253,7 +250,7 @@ class DatasetScan:
             results, negative_coords=loading, **self.check_args
         )
         for v in violations:
-            file, line, record = _locate(results, v, loading, self.coco_json)
+            file, line, record = _locate(results, v, loading, self.ann_file)
             # loading stages: one entry per (line, check) over all stages
             place = '' if loading else stage
             key = (file, line, record, v.index, v.check, place)
