@@ -6,8 +6,14 @@ that every mode has the same process layout and its own peak RSS. Modes are
 interleaved within each round (the order rotates from round to round), and
 the ratio to ``bare`` is computed per round, from the median s/iter of the
 measured iterations (after ``--warmup``), so that drifts of a noisy machine
-cancel out. The report gives the median ratio with its min and max over the
-rounds, the median s/iter and the peak RSS per mode.
+cancel out. Round ``i`` trains every mode with ``randomness.seed=i``: the
+protected run seeds each batch's augmentations itself (for an exact
+resume), so with one seed the two modes would see other random flips in
+every round, and the cost of data-dependent ops (the rotated-box IoU of
+the assigner) would differ between them the same way each time; over
+rounds of different seeds that difference averages out. The report gives
+the median ratio with its min and max over the rounds, the median s/iter
+and the peak RSS per mode.
 
 ``include`` is what ``tools/train.py --guard skip`` trains (the
 ``NanGuardRunner`` with the include's defaults: spike detection,
@@ -24,6 +30,12 @@ the history, ``ValidateAnnotations``, the host reads of the guard's own
 code, ...). cProfile inflates Python-heavy code more than torch kernels,
 so the shares are upper bounds.
 
+``--sample`` adds ``--sample-rounds`` interleaved runs of each sampled mode
+under :class:`stack_sampler.StackSampler`, a sampling profiler of whole
+iterations that leaves the code unchanged, and prints where the time per
+iteration differs: by stage of the iteration (data loading, hooks,
+forward, backward, step) and by function.
+
 Usage::
 
     python benchmarks/overhead.py --rounds 5 --iters 16 --warmup 6 \
@@ -31,6 +43,10 @@ Usage::
     # the num_workers=0 row of RESULTS.md, with the profile
     python benchmarks/overhead.py --rounds 3 --iters 32 --warmup 4 \
         --configs dota --modes bare include --profile
+    # the whole-iteration comparison of docs/benchmarks.md
+    python benchmarks/overhead.py --rounds 9 --iters 24 --warmup 4 \
+        --images 32 --configs dota coco --modes bare include --sample \
+        --out benchmarks/overhead_sampled.json
 """
 
 import argparse
@@ -45,6 +61,8 @@ import sys
 import tempfile
 import time
 from typing import Any, Dict, List, Optional, Tuple
+
+from mmengine.hooks import Hook
 
 REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
 sys.path.insert(0, REPO)
@@ -70,6 +88,8 @@ def worker(
     work_dir: str,
     num_workers: Optional[int] = None,
     profile: Optional[str] = None,
+    sample: Optional[Tuple[str, int]] = None,
+    seed: int = 0,
 ) -> dict:
     """Train ``iters`` iterations in this process and return the timings.
 
@@ -83,6 +103,10 @@ def worker(
             config's, 0).
         profile (str, optional): Write cProfile stats of ``runner.train()``
             to this file.
+        sample (tuple, optional): ``(path, warmup)``: sample the stack of
+            the iterations after ``warmup`` (:class:`StackSampler`) and
+            write the samples to ``path``.
+        seed (int): The run's ``randomness.seed`` (the round's).
 
     Returns:
         dict: ``times`` (s per iteration) and ``peak_rss_mib``.
@@ -112,6 +136,7 @@ def worker(
     )
     cfg.default_hooks.checkpoint = None
     cfg.default_hooks.logger.interval = 1000
+    cfg.randomness = dict(seed=seed)
     if mode == 'guard_full':
         from full_protection import add_full_protection
 
@@ -131,6 +156,13 @@ def worker(
         runner = Runner.from_cfg(cfg)
     if mode == 'module_hooks':
         install_finiteness_hooks(runner.model)
+    if sample:
+        from stack_sampler import StackSampler
+
+        sampler = StackSampler()
+        runner.register_hook(
+            SamplingWindow(sampler, sample[1]), priority='LOWEST'
+        )
     if profile:
         profiler = cProfile.Profile()
         profiler.runcall(runner.train)
@@ -139,10 +171,40 @@ def worker(
         runner.train()
     times = runner.message_hub.get_scalar('train/time').data[0].tolist()
     peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    if sample:
+        with open(sample[0], 'w') as f:
+            json.dump(sampler.as_dict(), f)
     return dict(times=times, peak_rss_mib=peak_kib / 1024)
 
 
-def run_one(config, mode, args, data_roots, profile=None) -> dict:
+class SamplingWindow(Hook):
+    """Samples whole iterations, ``warmup`` to the last.
+
+    The sampler starts at the end of iteration ``warmup - 1`` and stops at
+    the end of the last one (as the last hook of each), so the window holds
+    each sampled iteration's data loading, hooks and step exactly once.
+
+    Args:
+        sampler (StackSampler): The sampler to start and stop.
+        warmup (int): Iterations left out.
+    """
+
+    def __init__(self, sampler, warmup: int) -> None:
+        self.sampler = sampler
+        self.warmup = warmup
+
+    def after_train_iter(
+        self, runner, batch_idx, data_batch=None, outputs=None
+    ) -> None:
+        if runner.iter + 1 == self.warmup:
+            self.sampler.start()
+        elif runner.iter + 1 == runner.max_iters:
+            self.sampler.stop()
+
+
+def run_one(
+    config, mode, args, data_roots, profile=None, sample=None, seed=0
+) -> dict:
     with tempfile.TemporaryDirectory() as work_dir:
         out = osp.join(work_dir, 'result.json')
         cmd = [
@@ -160,6 +222,9 @@ def run_one(config, mode, args, data_roots, profile=None) -> dict:
             cmd += ['--num-workers', str(args.num_workers)]
         if profile:
             cmd += ['--profile-out', profile]
+        if sample:
+            cmd += ['--sample-out', sample, '--warmup', str(args.warmup)]
+        cmd += ['--seed', str(seed)]
         env = dict(os.environ, PYTHONWARNINGS='ignore')
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
         if proc.returncode != 0:
@@ -312,6 +377,137 @@ def print_profiles(profiles: dict) -> None:
             )
 
 
+def sample_modes(config, modes, args, data_roots, data_dir) -> dict:
+    """Sampled runs of ``modes``, interleaved, and their time per iteration
+    by function.
+
+    Args:
+        config (str): ``'dota'`` or ``'coco'``.
+        modes (list[str]): The modes; the first is the baseline.
+        args (argparse.Namespace): ``iters``, ``warmup``, ``sample_rounds``.
+        data_roots (dict): config -> generated data.
+        data_dir (str): Where the sample files go.
+
+    Returns:
+        dict: ``mode -> {'ms_per_iter', 'inclusive', 'self'}``, each the
+        median over the sampled runs, in ms per iteration (a function
+        absent from a run counts 0 there).
+    """
+    iters = args.iters - args.warmup
+    runs: Dict[str, List[dict]] = {m: [] for m in modes}
+    for round_idx in range(args.sample_rounds):
+        shift = round_idx % len(modes)
+        for mode in modes[shift:] + modes[:shift]:
+            path = osp.join(data_dir, f'{config}_{mode}_{round_idx}.json')
+            run_one(
+                config, mode, args, data_roots, sample=path, seed=round_idx
+            )
+            with open(path) as f:
+                runs[mode].append(json.load(f))
+
+    def median_ms(values: List[dict], field: str) -> Dict[str, float]:
+        keys = set().union(*(v[field] for v in values))
+        return {
+            k: 1000
+            * statistics.median(v[field].get(k, 0.0) for v in values)
+            / iters
+            for k in keys
+        }
+
+    return {
+        mode: dict(
+            ms_per_iter=1000
+            * statistics.median(r['sampled_s'] for r in runs[mode])
+            / iters,
+            inclusive=median_ms(runs[mode], 'inclusive'),
+            self=median_ms(runs[mode], 'self_time'),
+        )
+        for mode in modes
+    }
+
+
+#: The stages of an mmengine iteration: stage -> the functions that are
+#: it, the outermost first (a mode that overrides one is matched by its
+#: own file; the largest inclusive time of the alternatives counts).
+STAGES = {
+    'data loading (pipeline, collate)': [
+        'mmengine/runner/loops.py:__next__',
+        'mmnanguard/engine/resume/resume_position.py:__next__',
+    ],
+    'before_train_iter hooks': [],
+    'data_preprocessor': [
+        'mmengine/model/base_model/data_preprocessor.py:forward',
+        'mmdet/models/data_preprocessors/data_preprocessor.py:forward',
+    ],
+    'forward and losses': [
+        'mmengine/model/base_model/base_model.py:_run_forward'
+    ],
+    'parse_losses': ['mmengine/model/base_model/base_model.py:parse_losses'],
+    'backward': [
+        'mmengine/optim/optimizer/optimizer_wrapper.py:backward',
+        'mmnanguard/engine/optimizers/guarded_optim_wrapper.py:backward',
+    ],
+    'step (clip, read, optimizer)': [
+        'mmengine/optim/optimizer/optimizer_wrapper.py:step',
+        'mmnanguard/engine/optimizers/guarded_optim_wrapper.py:step',
+    ],
+    'zero_grad': ['mmengine/optim/optimizer/optimizer_wrapper.py:zero_grad'],
+    'after_train_iter hooks': [],
+    'the whole iteration (sampled)': [],
+}
+
+
+def stage_times(sampled: dict) -> Dict[str, float]:
+    """ms per iteration of each stage of :data:`STAGES`.
+
+    Hook stages are the ``call_hook`` time split by the hooks' own
+    functions; the whole iteration is the sampled time.
+    """
+    inclusive = sampled['inclusive']
+    rows = {
+        stage: max((inclusive.get(k, 0.0) for k in keys), default=0.0)
+        for stage, keys in STAGES.items()
+    }
+    for stage, name in (
+        ('before_train_iter hooks', 'before_train_iter'),
+        ('after_train_iter hooks', 'after_train_iter'),
+    ):
+        rows[stage] = sum(
+            v
+            for k, v in inclusive.items()
+            if k.endswith(f':{name}') and 'overhead.py' not in k
+        )
+    rows['the whole iteration (sampled)'] = sampled['ms_per_iter']
+    return rows
+
+
+def print_samples(config: str, samples: dict, top: int = 25) -> None:
+    """The stage table and the functions whose inclusive time differs most,
+    each mode against the first."""
+    modes = list(samples)
+    base = modes[0]
+    stages = {m: stage_times(samples[m]) for m in modes}
+    print(f'\nsampled {config}: ms per iteration, median of the runs')
+    print('| stage | ' + ' | '.join(modes) + ' | difference |')
+    print('|---' * (len(modes) + 2) + '|')
+    for stage in STAGES:
+        cells = ' | '.join(f'{stages[m][stage]:.1f}' for m in modes)
+        diff = stages[modes[-1]][stage] - stages[base][stage]
+        print(f'| {stage} | {cells} | {diff:+.1f} |')
+    for mode in modes[1:]:
+        a, b = samples[base]['inclusive'], samples[mode]['inclusive']
+        diffs = sorted(
+            ((b.get(k, 0.0) - a.get(k, 0.0), k) for k in set(a) | set(b)),
+            key=lambda d: -abs(d[0]),
+        )[:top]
+        print(f'\nfunctions, {mode} - {base}, inclusive ms per iteration')
+        for diff, key in diffs:
+            print(
+                f'{diff:+8.2f}  {a.get(key, 0.0):8.2f} -> '
+                f'{b.get(key, 0.0):8.2f}  {key}'
+            )
+
+
 def summarize(results, modes, configs, warmup) -> dict:
     summary = {}
     for config in configs:
@@ -386,9 +582,27 @@ def main() -> int:
         help='after the rounds, one cProfile run per MODE (default: '
         'include) and the guard time per component',
     )
+    parser.add_argument(
+        '--sample',
+        nargs='*',
+        metavar='MODE',
+        help='after the rounds, --sample-rounds interleaved runs per MODE '
+        '(default: bare include) under a sampling profiler of whole '
+        'iterations, and where their time per iteration differs',
+    )
+    parser.add_argument('--sample-rounds', type=int, default=3)
+    parser.add_argument(
+        '--images',
+        type=int,
+        default=8,
+        help='generated images per dataset (an epoch is images / 2 '
+        'iterations; mmengine pauses 2 s at the end of each)',
+    )
     parser.add_argument('--out', help='write the raw results and summary')
     parser.add_argument('--worker', nargs=6, help=argparse.SUPPRESS)
     parser.add_argument('--profile-out', help=argparse.SUPPRESS)
+    parser.add_argument('--sample-out', help=argparse.SUPPRESS)
+    parser.add_argument('--seed', type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         config, mode, iters, data_root, work_dir, out = args.worker
@@ -400,6 +614,8 @@ def main() -> int:
             work_dir,
             num_workers=args.num_workers,
             profile=args.profile_out,
+            sample=(args.sample_out, args.warmup) if args.sample_out else None,
+            seed=args.seed,
         )
         with open(out, 'w') as f:
             json.dump(result, f)
@@ -413,8 +629,8 @@ def main() -> int:
     data_roots = dict(
         dota=osp.join(data_dir, 'dota'), coco=osp.join(data_dir, 'coco')
     )
-    generate_dota(data_roots['dota'], num_images=8, seed=0)
-    generate_coco(data_roots['coco'], num_images=8, seed=0)
+    generate_dota(data_roots['dota'], num_images=args.images, seed=0)
+    generate_coco(data_roots['coco'], num_images=args.images, seed=0)
     results = {c: [] for c in args.configs}
     start = time.time()
     for round_idx in range(args.rounds):
@@ -423,15 +639,20 @@ def main() -> int:
         )
         for config in args.configs:
             results[config].append(
-                {m: run_one(config, m, args, data_roots) for m in order}
+                {
+                    m: run_one(config, m, args, data_roots, seed=round_idx)
+                    for m in order
+                }
             )
         print(
             f'round {round_idx + 1}/{args.rounds} done '
             f'({time.time() - start:.0f} s)',
             flush=True,
         )
-    summary = summarize(results, modes, args.configs, args.warmup)
-    print_table(summary)
+    summary = {}
+    if args.rounds:
+        summary = summarize(results, modes, args.configs, args.warmup)
+        print_table(summary)
     profiles = {}
     if args.profile is not None:
         for config in args.configs:
@@ -448,6 +669,14 @@ def main() -> int:
                     profiled,
                 )
         print_profiles(profiles)
+    samples = {}
+    if args.sample is not None:
+        sampled = args.sample or ['bare', 'include']
+        for config in args.configs:
+            samples[config] = sample_modes(
+                config, sampled, args, data_roots, data_dir
+            )
+            print_samples(config, samples[config])
     if args.out:
         with open(args.out, 'w') as f:
             json.dump(
@@ -455,6 +684,7 @@ def main() -> int:
                     summary=summary,
                     raw=results,
                     profiles=profiles,
+                    samples=samples,
                     args=vars(args),
                 ),
                 f,

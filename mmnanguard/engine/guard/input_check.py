@@ -51,19 +51,21 @@ def batch_tensors(data: Any) -> List[Tensor]:
 
 
 def _sum(tensor: Tensor) -> Tensor:
-    wide = torch.float64 if tensor.dtype == torch.float64 else torch.float32
-    return tensor.detach().sum(dtype=wide)
+    return tensor.detach().sum(dtype=torch.float64)
 
 
 def finite_flag(tensors: List[Tensor]) -> Optional[Tensor]:
     """Whether every tensor is finite, as a 0-dim boolean tensor on the
     device of the first one, without a host sync; None for no tensors.
 
-    The check is the finiteness of each tensor's sum (in float32 at least):
-    a NaN or an infinity makes the sum non-finite, and one reduction is
-    ~30x cheaper on the CPU than ``isfinite(t).all()``. Finite values
-    whose sum passes 3.4e38 read as non-finite too: values that large are
-    no valid input either.
+    The check is the finiteness of each tensor's sum, accumulated in
+    float64: a NaN or an infinity makes the sum non-finite, and one
+    reduction is ~30x cheaper on the CPU than ``isfinite(t).all()``. A
+    float32 sum would overflow on finite values (a GDAL NoData value of
+    -3.4e38 in two pixels) and call finite inputs non-finite; a float64 sum
+    of float32, float16 or bfloat16 values cannot overflow (it would take
+    more than 1e270 elements). Only a float64 tensor whose finite values
+    sum past 1.8e308 reads as non-finite.
     """
     if not tensors:
         return None

@@ -156,6 +156,29 @@ def test_input_flag_is_read_with_the_loss_check(where):
 
 
 @pytest.mark.parametrize(
+    'dtype', [torch.float32, torch.float16, torch.bfloat16]
+)
+@pytest.mark.parametrize(
+    'planted', [None, float('nan'), float('inf'), -float('inf')]
+)
+def test_input_flag_does_not_overflow_on_finite_extremes(dtype, planted):
+    # GDAL's NoData value in float32 tiles: finite, but two of them
+    # overflow a float32 sum; every pixel at the dtype's largest magnitude
+    finfo = torch.finfo(dtype)
+    images = torch.full((2, 3, 8, 8), finfo.max, dtype=dtype)
+    images[1] = finfo.min
+    images[0, 0, 0, :4] = finfo.min
+    if dtype is not torch.float16:  # a float32 sum overflows on them
+        assert not torch.isfinite(images.sum(dtype=torch.float32))
+    if planted is not None:
+        images[1, 2, 7, 7] = planted
+    flag = finite_flag([images])
+    expected = bool(torch.isfinite(images).all())
+    assert expected is (planted is None)
+    assert bool(flag) is expected
+
+
+@pytest.mark.parametrize(
     'kind, verdict, stage',
     [
         (
