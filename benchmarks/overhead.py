@@ -377,6 +377,13 @@ def print_profiles(profiles: dict) -> None:
             )
 
 
+def interleaved(modes: List[str], round_idx: int) -> List[str]:
+    """The order of ``modes`` in round ``round_idx``: rotated by one each
+    round, so that no mode always runs first on a drifting machine."""
+    shift = round_idx % len(modes)
+    return modes[shift:] + modes[:shift]
+
+
 def sample_modes(config, modes, args, data_roots, data_dir) -> dict:
     """Sampled runs of ``modes``, interleaved, and their time per iteration
     by function.
@@ -396,8 +403,7 @@ def sample_modes(config, modes, args, data_roots, data_dir) -> dict:
     iters = args.iters - args.warmup
     runs: Dict[str, List[dict]] = {m: [] for m in modes}
     for round_idx in range(args.sample_rounds):
-        shift = round_idx % len(modes)
-        for mode in modes[shift:] + modes[:shift]:
+        for mode in interleaved(modes, round_idx):
             path = osp.join(data_dir, f'{config}_{mode}_{round_idx}.json')
             run_one(
                 config, mode, args, data_roots, sample=path, seed=round_idx
@@ -622,6 +628,9 @@ def main() -> int:
         return 0
     if args.warmup >= args.iters:
         parser.error(f'--warmup {args.warmup} must be < --iters {args.iters}')
+    if args.sample is not None and args.warmup < 1:
+        # the window opens at the end of iteration warmup - 1
+        parser.error(f'--sample needs --warmup >= 1, got {args.warmup}')
     modes = ['bare'] + [m for m in args.modes if m != 'bare']
     from mmnanguard.datagen import generate_coco, generate_dota
 
@@ -634,9 +643,7 @@ def main() -> int:
     results = {c: [] for c in args.configs}
     start = time.time()
     for round_idx in range(args.rounds):
-        order = (
-            modes[round_idx % len(modes) :] + modes[: round_idx % len(modes)]
-        )
+        order = interleaved(modes, round_idx)
         for config in args.configs:
             results[config].append(
                 {
