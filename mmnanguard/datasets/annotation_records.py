@@ -135,6 +135,28 @@ def coco_annotation_id(
     return kept[index][0]
 
 
+def voc_object_box(xml_file: str, position: int) -> Optional[List[float]]:
+    """The ``bndbox`` of the 1-based ``<object>`` ``position`` of a VOC
+    xml, as written (``[xmin, ymin, xmax, ymax]``), or None when the file,
+    the object or a coordinate cannot be read."""
+    try:
+        objects = ET.parse(xml_file).getroot().findall('object')
+    except (OSError, ET.ParseError):
+        return None
+    if not 1 <= position <= len(objects):
+        return None
+    box = objects[position - 1].find('bndbox')
+    if box is None:
+        return None
+    values = []
+    for key in ('xmin', 'ymin', 'xmax', 'ymax'):
+        try:  # mmdet reads them as float(text)
+            values.append(float(box.findtext(key) or ''))
+        except ValueError:
+            return None
+    return values
+
+
 def voc_object_index(
     xml_file: str, index: int, num_instances: int, with_ignored: bool = False
 ) -> Optional[int]:

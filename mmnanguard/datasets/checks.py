@@ -11,6 +11,8 @@ Check names (``Violation.check``):
 
 ====================  ==================================================
 ``image_finite``      every pixel of a floating image is finite
+``image_range``       no pixel of a floating image has a magnitude of
+                      :data:`EXTREME_PIXEL` or more (a NoData sentinel)
 ``hbox_finite``       horizontal box ``(x1, y1, x2, y2)`` is finite
 ``hbox_size``         ``x2 - x1 > min_size`` and ``y2 - y1 > min_size``
                       (a negative side is told as an inverted box)
@@ -21,6 +23,8 @@ Check names (``Violation.check``):
 ``qbox_finite``       quadrilateral ``(x1, y1, ..., x4, y4)`` is finite
 ``qbox_area``         shoelace area ``> min_size ** 2``
 ``negative_coord``    no box corner has a coordinate below 0
+``outside_image``     a box does not lie wholly beyond one border of the
+                      image (the pipeline clips it to zero size)
 ``label_range``       ``0 <= label < num_classes``
 ``seg_values``        every pixel in ``[0, num_classes)`` or
                       ``ignore_index``
@@ -40,6 +44,15 @@ ANGLE_RANGES: Dict[str, Tuple[float, float]] = {
     'le90': (-math.pi / 2, math.pi / 2),
     'le135': (-math.pi / 4, 3 * math.pi / 4),
 }
+
+
+#: The pixel magnitude from which an image is refused: its square passes
+#: the float32 range, so a BatchNorm variance or an L2 norm of it
+#: overflows. GDAL's float32 NoData value (-3.4e38) is far above it; a
+#: uint16 or a reflectance image is far below.
+EXTREME_PIXEL = math.sqrt(float(np.finfo(np.float32).max))
+#: The checks of a whole image: a sample failing one is dropped whole.
+IMAGE_CHECKS = ('image_finite', 'image_range')
 
 
 @dataclass(frozen=True)
@@ -132,20 +145,44 @@ def _row_violations(
 
 
 def check_image(img: np.ndarray) -> List[Violation]:
-    """``image_finite``: a floating image holds no NaN or infinity.
+    """``image_finite``: a floating image holds no NaN or infinity;
+    ``image_range``: nor a finite pixel of magnitude :data:`EXTREME_PIXEL`
+    or more (GDAL's NoData value -3.4e38 in a float32 tile).
 
-    Integer images are finite by construction and cost nothing.
+    Integer images are finite and in range by construction and cost
+    nothing.
 
     Args:
         img (np.ndarray): The image, any shape.
 
     Returns:
-        list[Violation]: Empty, or one sample-level violation whose values
-        are the counts of NaN, +inf and -inf pixels.
+        list[Violation]: Empty, or one sample-level violation: for
+        ``image_finite`` the counts of NaN, +inf and -inf pixels; for
+        ``image_range`` the count of extreme pixels and the largest
+        magnitude's value.
     """
     img = np.asarray(img)
-    if not np.issubdtype(img.dtype, np.floating) or np.isfinite(img).all():
+    if not np.issubdtype(img.dtype, np.floating):
         return []
+    finite = np.isfinite(img)
+    if finite.all():
+        extreme = np.abs(img) >= EXTREME_PIXEL
+        if not extreme.any():
+            return []
+        count = int(extreme.sum())
+        flat = img.reshape(-1)
+        value = float(flat[np.argmax(np.abs(flat))])
+        return [
+            Violation(
+                'image_range',
+                None,
+                (count, value),
+                f'image of shape {img.shape} has {count} finite pixels of '
+                f'magnitude >= {EXTREME_PIXEL:.3g} (up to {value:.4g}, a '
+                'NoData value?); their square overflows float32 '
+                '(BatchNorm variance, norms)',
+            )
+        ]
     counts = (
         int(np.isnan(img).sum()),
         int(np.isposinf(img).sum()),
@@ -427,12 +464,58 @@ def check_negative_coords(
     )
 
 
+def check_outside_image(
+    boxes: Any, img_shape: Tuple[int, int]
+) -> List[Violation]:
+    """``outside_image``: a finite box whose corners all lie on or beyond
+    one border of the image (left of 0, right of the width, above 0, below
+    the height). mmdet clips boxes to the image on ``Resize`` and crops
+    (``clip_object_border``), so such a box becomes one of zero width or
+    height.
+
+    Args:
+        boxes: Boxes of width 4 (hbox), 5 (rbox) or 8 (qbox).
+        img_shape (tuple[int, int]): ``(height, width)`` of the image the
+            boxes are given in.
+
+    Returns:
+        list[Violation]: One per failing instance, naming the side.
+    """
+    boxes = as_array(boxes)
+    if len(boxes) == 0:
+        return []
+    height, width = float(img_shape[0]), float(img_shape[1])
+    finite = np.isfinite(boxes).all(axis=1)
+    corners = box_corners(np.where(finite[:, None], boxes, 0.0))
+    low, high = corners.min(axis=1), corners.max(axis=1)
+    sides = [
+        ('right of', low[:, 0] >= width, lambda i: f'x >= {low[i, 0]:.6g}'),
+        ('left of', high[:, 0] <= 0, lambda i: f'x <= {high[i, 0]:.6g}'),
+        ('below', low[:, 1] >= height, lambda i: f'y >= {low[i, 1]:.6g}'),
+        ('above', high[:, 1] <= 0, lambda i: f'y <= {high[i, 1]:.6g}'),
+    ]
+    bad = np.zeros(len(boxes), dtype=bool)
+    for _, beyond, _ in sides:
+        bad |= beyond
+    bad &= finite
+
+    def detail(i: int) -> str:
+        side, _, where = next(s for s in sides if s[1][i])
+        return (
+            f'the box lies {side} the {width:g}x{height:g} image '
+            f'({where(i)}): the pipeline clips it to zero size'
+        )
+
+    return _row_violations('outside_image', bad, boxes, detail)
+
+
 def check_boxes(
     boxes: Any,
     min_size: float,
     angle_version: Optional[str] = None,
     angle_tol: float = 1e-6,
     negative_coords: bool = False,
+    img_shape: Optional[Tuple[int, int]] = None,
 ) -> List[Violation]:
     """Run the box checks that match the box width (4, 5 or 8).
 
@@ -444,6 +527,9 @@ def check_boxes(
         angle_version (str, optional): For rotated boxes.
         angle_tol (float): For rotated boxes.
         negative_coords (bool): Also run :func:`check_negative_coords`.
+        img_shape (tuple[int, int], optional): ``(height, width)``: also
+            run :func:`check_outside_image` (meaningful as loaded, before
+            the pipeline clips).
 
     Returns:
         list[Violation]: The violations, in check order.
@@ -468,6 +554,8 @@ def check_boxes(
         )
     if negative_coords:
         out += check_negative_coords(arr)
+    if img_shape is not None:
+        out += check_outside_image(arr, img_shape)
     return out
 
 

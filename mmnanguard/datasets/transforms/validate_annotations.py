@@ -11,6 +11,7 @@ from mmengine.logging import print_log
 from mmnanguard.registry import TRANSFORMS, register_shared
 
 from ..checks import (
+    IMAGE_CHECKS,
     Violation,
     check_boxes,
     check_image,
@@ -97,9 +98,11 @@ def check_results(
             ``None`` skips the angle check.
         angle_tol (float): Angle boundary tolerance in radians.
         ignore_index (int): Allowed extra segmentation value.
-        check_img (bool): Check that the image is finite.
+        check_img (bool): Check that the image is finite and free of
+            extreme (NoData) pixels.
         negative_coords (bool): Flag box corners left of or above the
-            image (meaningful before augmentation).
+            image, and boxes wholly outside it (meaningful before
+            augmentation).
 
     Returns:
         list[Violation]: All violations, sample-level first.
@@ -116,6 +119,7 @@ def check_results(
             angle_version,
             angle_tol,
             negative_coords,
+            results.get('img_shape') if negative_coords else None,
         )
     if results.get('gt_bboxes_labels') is not None and num_classes is not None:
         out += check_labels(results['gt_bboxes_labels'], num_classes)
@@ -149,7 +153,8 @@ class ValidateAnnotations(BaseTransform):
 
     Place it after the augmentations (crops and rotations create degenerate
     boxes) and before the ``Pack*Inputs`` transform. The checks are those of
-    :mod:`mmnanguard.datasets.checks`: finite image; horizontal boxes finite
+    :mod:`mmnanguard.datasets.checks`: a finite image without extreme
+    (NoData) pixels; horizontal boxes finite
     with ``w, h > min_size``; ``RotatedBoxes`` finite with ``w, h >
     min_size`` and the angle strictly inside the ``angle_version`` range,
     taken in that version's representation as mmrotate's coders regularize
@@ -164,9 +169,10 @@ class ValidateAnnotations(BaseTransform):
 
     - ``'filter'``: drop the invalid instances with their labels, ignore
       flags, masks and instance ids; keep the sample. Stray segmentation
-      pixels are set to ``ignore_index``. A non-finite image cannot be
-      repaired per instance: the transform returns ``None`` and the dataset
-      fetches another sample (mmengine's ``max_refetch``). Every drop is
+      pixels are set to ``ignore_index``. A non-finite image, or one with
+      extreme pixels, cannot be repaired per instance: the transform
+      returns ``None`` and the dataset fetches another sample (mmengine's
+      ``max_refetch``). Every drop is
       logged as a warning through the current ``MMLogger`` (so it reaches
       the runner's text log) with the file, the checks and the running
       totals :attr:`num_dropped_instances`, :attr:`num_masked_pixels`,
@@ -191,8 +197,8 @@ class ValidateAnnotations(BaseTransform):
             255.
         check_img (bool): Check that the image is finite. Defaults to True.
         negative_coords (bool): Also flag box corners with a negative
-            coordinate. Defaults to False (rotations legitimately push
-            corners out of the image).
+            coordinate, and boxes wholly outside the image. Defaults to
+            False (rotations legitimately push corners out of the image).
 
     Example:
         >>> train_pipeline = [
@@ -294,11 +300,12 @@ class ValidateAnnotations(BaseTransform):
         source: str,
         report: str,
     ) -> Optional[Dict[str, Any]]:
-        if any(v.check == 'image_finite' for v in violations):
+        if any(v.check in IMAGE_CHECKS for v in violations):
             self.num_dropped_samples += 1
             print_log(
                 f'ValidateAnnotations(policy=filter): dropped sample '
-                f'{source} (non-finite image; the dataset refetches another);'
+                f'{source} (non-finite or extreme pixels; the dataset '
+                f'refetches another);'
                 f' dropped samples so far: {self.num_dropped_samples}\n  '
                 f'{report}',
                 logger='current',

@@ -16,6 +16,7 @@ from torch import nn
 
 from mmnanguard.datasets.annotation_records import (
     coco_annotation_id,
+    voc_object_box,
     voc_object_index,
 )
 from mmnanguard.datasets.checks import (
@@ -199,6 +200,26 @@ def _is_index_tensor(labels: Any) -> bool:
     return getattr(dtype, 'kind', '') in ('i', 'u')
 
 
+def clipped_side(box: Any, img_shape: Any) -> Optional[str]:
+    """The border of the image a zero-size horizontal box sits on
+    (``'left'``, ``'right'``, ``'top'``, ``'bottom'``): a box annotated
+    outside the image, which the pipeline clipped to it; None otherwise.
+
+    Args:
+        box: ``(x1, y1, x2, y2)`` after the pipeline.
+        img_shape: ``(height, width)`` after the pipeline.
+    """
+    if img_shape is None or len(box) != 4 or len(img_shape) < 2:
+        return None
+    x1, y1, x2, y2 = (float(v) for v in box)
+    height, width = float(img_shape[0]), float(img_shape[1])
+    if x2 - x1 <= 0 and (x2 <= 0 or x1 >= width):
+        return 'left' if x2 <= 0 else 'right'
+    if y2 - y1 <= 0 and (y2 <= 0 or y1 >= height):
+        return 'top' if y2 <= 0 else 'bottom'
+    return None
+
+
 def _check_record(
     i: int,
     record: Dict[str, Any],
@@ -215,6 +236,16 @@ def _check_record(
         xml = None if annfile else voc_xml_of(source.get('img_path'))
         for v in violations:
             found = _finding(i, source, v, 'gt_instances')
+            side = (
+                clipped_side(v.values, record.get('img_shape'))
+                if v.check == 'hbox_size'
+                else None
+            )
+            if side is not None:
+                found.update(
+                    clipped_at=side,
+                    img_shape=[int(x) for x in record['img_shape'][:2]],
+                )
             if annfile is not None and v.index is not None:
                 found.update(
                     annfile=annfile,
@@ -226,6 +257,8 @@ def _check_record(
                     found['object'] = voc_object_index(
                         xml, v.index, len(boxes)
                     )
+                if side is not None and found.get('object'):
+                    found['raw'] = voc_object_box(xml, found['object'])
             elif ann_file and v.index is not None:
                 ann_id = coco_annotation_id(
                     ann_file, source.get('img_id'), v.index, len(boxes)
@@ -257,6 +290,7 @@ def _check_record(
 #: Plain words for each check of :mod:`mmnanguard.datasets.checks`.
 CHECK_WORDS = dict(
     image_finite='non-finite pixels',
+    image_range='pixels of extreme magnitude (count, value)',
     hbox_finite='box with a non-finite coordinate (x1, y1, x2, y2)',
     hbox_size='zero-size box (x1, y1, x2, y2)',
     rbox_finite='rotated box with a non-finite value (cx, cy, w, h, t)',
@@ -317,8 +351,27 @@ def describe_finding(found: Dict[str, Any]) -> str:
     words = CHECK_WORDS.get(found['check'], found['check'])
     if str(found.get('detail', '')).startswith('inverted box'):
         words = words.replace('zero-size ', 'inverted ')
+    side = found.get('clipped_at')
+    if side:
+        words = words.replace(
+            'zero-size box',
+            f'box outside the image, clipped to zero size at its {side} '
+            'border',
+        )
     if found['index'] is not None:  # an instance: show its values
         words += f' = ({values})'
+    if side:
+        height, width = found['img_shape']
+        raw = found.get('raw')
+        annotated = (
+            f" ({', '.join(_fmt_value(v) for v in raw)} as annotated)"
+            if raw
+            else ''
+        )
+        words += (
+            f' in the {width}x{height} image after the pipeline; the box'
+            f'{annotated} lies outside the image'
+        )
     return (
         f"{where} (batch sample {found['sample']}{inst}): {words}: "
         f"{found['detail']} [check {found['check']}]"

@@ -20,9 +20,13 @@ Causes, in the order they are tested:
 * ``explosion`` (parameter incidents): the replay is finite and the lr
   was ``explosion_ratio`` times above what the param schedulers
   prescribe: the update itself threw the weights out of range;
+* ``recurring``: the replay is finite, but the same samples gave an
+  incident of the same kind and stage before (``recurs_after``): a fault
+  tied to those samples that the replay from this state does not show;
 * ``transient``: the deterministic replay (fp32 too, under AMP) is finite
-  where the original step was not: a one-shot fault (its stage still
-  says where the live iteration saw it), nondeterminism or hardware;
+  where the original step was not, the first time these samples gave
+  it: a one-shot fault (its stage still says where the live iteration
+  saw it), nondeterminism or hardware;
 * ``explosion``: the gradient norm or the loss grew by ``explosion_ratio``
   or more (default: two orders of magnitude) over the buffered iterations,
   or the lr was that far above the schedule (a warmup, step or cosine
@@ -31,7 +35,9 @@ Causes, in the order they are tested:
 * ``forward`` (overflow): the first module whose output left the normal
   range (:mod:`.magnitude`) has weights out of range: the inf that a loss
   shows later is that module's;
-* ``forward``: the first non-finite activation, at a module;
+* ``forward``: the first non-finite activation, at a module; or every
+  activation finite and a buffer the forward writes (BatchNorm's running
+  variance) non-finite;
 * ``loss``: every activation finite, a loss term non-finite;
 * ``backward``: the loss finite, a gradient non-finite;
 * ``optimizer`` (parameter incidents only): the replayed gradients are
@@ -66,6 +72,22 @@ def _forward_text(first: Dict[str, Any]) -> str:
         f"{'' if first['path'] == '(output)' else ' ' + first['path']} "
         f'holds {describe_values(first)}'
     )
+
+
+def _buffers_text(replay: ReplayResult) -> str:
+    names = ', '.join(f'`{n}`' for n in replay.nonfinite_buffers[:3])
+    more = len(replay.nonfinite_buffers) - 3
+    text = (
+        f'every activation is finite, but the forward writes non-finite '
+        f"buffers: {names}{f' (and {more} more)' if more > 0 else ''}"
+    )
+    first = replay.magnitude_first
+    if first:
+        text += (
+            f"; the magnitudes leave the normal range at module "
+            f"`{first['module']}` ({first['type']}): its {first['reason']}"
+        )
+    return text
 
 
 def _loss_text(replay: ReplayResult) -> str:
@@ -131,6 +153,7 @@ KIND_STAGES = dict(
     nonfinite_loss='loss',
     nonfinite_grad='backward',
     nonfinite_params='optimizer',
+    nonfinite_buffers='forward',
     nonfinite_checkpoint='checkpoint',
 )
 
@@ -153,6 +176,19 @@ def _transient_text(report: ReportData, stage: str) -> str:
         f'the live iteration saw it at stage `{stage}`{seen}, but the '
         'deterministic replay of the same batch from the same state and '
         'RNG is finite: a one-shot fault, nondeterminism or hardware'
+    )
+
+
+def _recurring_text(
+    report: ReportData, stage: str, earlier: Dict[str, Any]
+) -> str:
+    return (
+        f"the same samples gave the same incident at iteration "
+        f"{earlier['iteration']} ({earlier['folder']}), and the live "
+        f'iteration saw it at stage `{stage}` again; the replay of the batch '
+        'from this state is finite, so the fault is tied to these samples '
+        'but depends on the state or the draw (BatchNorm statistics, the '
+        'weights at the time, a random augmentation): not a one-shot fault'
     )
 
 
@@ -210,6 +246,7 @@ def classify(
     fp32: Optional[ReplayResult] = None,
     explosion_ratio: float = 100.0,
     optimizer_nonfinite: Optional[List[str]] = None,
+    recurs_after: Optional[Dict[str, Any]] = None,
 ) -> Dict[str, Any]:
     """The cause, the stage and the evidence of an incident.
 
@@ -223,6 +260,9 @@ def classify(
             or lr over the schedule, that counts as an explosion.
         optimizer_nonfinite (list[str], optional): Non-finite optimizer
             state entries (parameter incidents).
+        recurs_after (dict, optional): The earlier diagnosis of the same
+            samples, kind and stage (``folder``, ``iteration``): a finite
+            replay is then ``recurring``, never ``transient``.
 
     Returns:
         dict: ``cause`` (one of :data:`CAUSES`), ``stage``, ``reproduced``
@@ -263,6 +303,11 @@ def classify(
         reached = [k for k in replay.nonfinite_terms if k != 'loss']
         if reached:
             summary += f"; it makes {', '.join(reached)} non-finite"
+        if replay.exception:
+            summary += (
+                f'; it makes the {replay.exception_stage} raise '
+                f"{replay.exception.split(':')[0]}"
+            )
     elif (
         replays_finite
         and report.get('kind') == IncidentKind.NONFINITE_PARAMS
@@ -279,6 +324,9 @@ def classify(
         and lr_text
     ):
         cause, summary = Cause.EXPLOSION, lr_text
+    elif replays_finite and recurs_after is not None:
+        cause = Cause.RECURRING
+        summary = _recurring_text(report, stage, recurs_after)
     elif replays_finite:
         cause = Cause.TRANSIENT
         summary = _transient_text(report, stage)
@@ -306,6 +354,9 @@ def classify(
     elif replay.forward_first:
         cause = Cause.FORWARD
         summary = _forward_text(replay.forward_first)
+    elif replay.nonfinite_buffers:
+        cause = Cause.FORWARD
+        summary = _buffers_text(replay)
     elif replay.nonfinite_terms or replay.loss_first:
         cause = Cause.LOSS
         summary = _loss_text(replay)

@@ -92,6 +92,7 @@ def diagnose(
     anomaly: bool = False,
     explosion_ratio: float = 100.0,
     optimizer_nonfinite: Optional[List[str]] = None,
+    recurs_after: Optional[Dict[str, Any]] = None,
 ) -> Diagnosis:
     """Name the cause of an incident (``report`` is read, not changed:
     :meth:`Diagnosis.apply_to` adds what was found).
@@ -115,6 +116,8 @@ def diagnose(
             explosion.
         optimizer_nonfinite (list[str], optional): Non-finite optimizer
             state entries.
+        recurs_after (dict, optional): The earlier diagnosis of the same
+            samples, kind and stage (see :func:`classify`).
 
     Returns:
         Diagnosis: ``cause``, ``stage`` (refined, see :func:`classify`),
@@ -140,7 +143,13 @@ def diagnose(
         ann_file=report.get('ann_file'),
     )
     result = classify(
-        report, findings, replay, fp32, explosion_ratio, optimizer_nonfinite
+        report,
+        findings,
+        replay,
+        fp32,
+        explosion_ratio,
+        optimizer_nonfinite,
+        recurs_after,
     )
     evidence = result['evidence']
     evidence['num_classes'] = num_classes

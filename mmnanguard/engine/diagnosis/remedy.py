@@ -3,6 +3,8 @@
 
 from typing import Any, Dict, List, Optional
 
+from mmnanguard.datasets.checks import IMAGE_CHECKS
+
 from ..incident import Cause, Stage
 from .batch_checks import record_place
 from .drop_ins import SAFE_MODULES_INCLUDE
@@ -17,6 +19,24 @@ def _data_remedy(finding: Dict[str, Any]) -> List[str]:
         lines.append(
             f'The image `{where}` holds non-finite pixels: '
             're-export or remove it.'
+        )
+    elif check == 'image_range':
+        count, value = (finding.get('values') or [None, None])[:2]
+        shown = f'{value:.4g}' if isinstance(value, float) else value
+        lines.append(
+            f'The image `{where}` holds {count} pixels of value up to '
+            f'{shown}: a NoData value (GDAL float32: -3.4e38)? Mask them '
+            '(set them to 0 or the mean, e.g. with `nodata` when '
+            'exporting tiles), or remove the image.'
+        )
+    elif finding.get('clipped_at'):
+        raw = finding.get('raw')
+        annotated = f' (annotated as {tuple(raw)})' if raw else ''
+        lines.append(
+            f'The box in `{where}`{annotated} lies outside its image: the '
+            "pipeline clips it to zero size at the image's "
+            f"{finding['clipped_at']} border. Fix its coordinates or "
+            'delete it.'
         )
     elif check.endswith('_size') or check == 'qbox_area':
         lines.append(f'Fix or delete the zero-size box in `{where}`.')
@@ -35,7 +55,12 @@ def _data_remedy(finding: Dict[str, Any]) -> List[str]:
     lines.append(
         "Add `dict(type='ValidateAnnotations', num_classes=..., "
         "policy='filter')` after the augmentations, before `Pack*Inputs`: "
-        'it drops such instances and logs each one.'
+        + (
+            'it drops such samples (the dataset fetches another) and logs '
+            'each one.'
+            if check in IMAGE_CHECKS
+            else 'it drops such instances and logs each one.'
+        )
     )
     lines.append(
         'Scan the whole set once: `python tools/check_dataset.py ' 'CONFIG`.'
@@ -279,6 +304,15 @@ def remedies(diagnosis: Dict[str, Any], replay: ReplayResult) -> List[str]:
         lines += _explosion_remedy(evidence, replay)
     elif cause == Cause.TRANSIENT:
         lines += _transient_remedy(diagnosis.get('stage', ''))
+    elif cause == Cause.RECURRING:
+        lines += [
+            'The same samples give this incident again: inspect them '
+            '(`python tools/check_dataset.py CONFIG --augment-repeats 8` '
+            'runs the augmentations too), fix or remove them, or drop them '
+            "with `dict(type='ValidateAnnotations', policy='filter')`.",
+            'Replay the first incident offline with `--anomaly`: `python '
+            'tools/replay.py INCIDENT_DIR --config CFG --anomaly`.',
+        ]
     elif cause == Cause.OPTIMIZER:
         lines.append(
             'The optimizer state holds non-finite values: roll back '

@@ -14,6 +14,11 @@ from torch import nn
 
 from mmnanguard.compat.mmengine_private import run_forward
 
+from ..guard.exceptions import (
+    NUMERICAL_ERRORS,
+    describe_error,
+    raised_stage,
+)
 from ..guard.finite import json_number, total_norm
 from ..guard.rng import capture_rng_state, restore_rng_state
 from .magnitude import first_out_of_range, largest_outputs
@@ -50,6 +55,11 @@ class ReplayResult:
             left the normal range (:func:`first_out_of_range`).
         magnitude_top (list[dict]): The module calls with the largest
             outputs (:func:`largest_outputs`).
+        nonfinite_buffers (list[str]): The floating buffers (BatchNorm
+            statistics) non-finite after the forward.
+        exception (str | None): A numerical routine's exception that ended
+            the replay (``'LinAlgError: ...'``), and ``exception_stage``,
+            where it was raised.
     """
 
     precision: str = 'fp32'
@@ -67,13 +77,18 @@ class ReplayResult:
     anomaly: Optional[str] = None
     magnitude_first: Optional[Dict[str, Any]] = None
     magnitude_top: List[Dict[str, Any]] = field(default_factory=list)
+    nonfinite_buffers: List[str] = field(default_factory=list)
+    exception: Optional[str] = None
+    exception_stage: Optional[str] = None
 
     @property
     def finite(self) -> bool:
-        """Whether the loss, every activation and every gradient was
-        finite."""
+        """Whether the loss, every activation, every buffer the forward
+        wrote and every gradient was finite."""
         return not (
             self.nonfinite_terms
+            or self.nonfinite_buffers
+            or self.exception
             or self.forward_first
             or self.loss_first
             or self.grad_first
@@ -182,27 +197,39 @@ def replay_batch(
             record=True
         ) as caught, torch.autograd.set_detect_anomaly(anomaly):
             warnings.simplefilter('always')
-            with cast:
-                preprocessed = model.data_preprocessor(batch, True)
-                losses = run_forward(model)(preprocessed, mode='loss')
-            loss, log_vars = BaseModel.parse_losses(model, losses)
-            result.loss_terms = {
-                k: json_number(v) for k, v in log_vars.items()
-            }
-            result.nonfinite_terms = [
-                k for k, v in log_vars.items() if not math.isfinite(float(v))
-            ]
-            if not result.nonfinite_terms:
-                _backward(
-                    model,
-                    losses,
-                    loss,
-                    loss_scale or 1.0,
-                    probe,
-                    result,
-                    anomaly,
-                    caught,
-                )
+            try:
+                with cast:
+                    preprocessed = model.data_preprocessor(batch, True)
+                    losses = run_forward(model)(preprocessed, mode='loss')
+                result.nonfinite_buffers = [
+                    name
+                    for name, buffer in model.named_buffers()
+                    if buffer.is_floating_point()
+                    and not bool(torch.isfinite(buffer).all())
+                ]
+                loss, log_vars = BaseModel.parse_losses(model, losses)
+                result.loss_terms = {
+                    k: json_number(v) for k, v in log_vars.items()
+                }
+                result.nonfinite_terms = [
+                    k
+                    for k, v in log_vars.items()
+                    if not math.isfinite(float(v))
+                ]
+                if not result.nonfinite_terms:
+                    _backward(
+                        model,
+                        losses,
+                        loss,
+                        loss_scale or 1.0,
+                        probe,
+                        result,
+                        anomaly,
+                        caught,
+                    )
+            except NUMERICAL_ERRORS as err:  # a data fault that raises
+                result.exception = describe_error(err)
+                result.exception_stage = raised_stage(err).value
         result.forward_first = probe.forward_first
         result.loss_first = probe.loss_first
         result.grad_first = probe.grad_first

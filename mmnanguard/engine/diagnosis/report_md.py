@@ -146,6 +146,13 @@ def _replay_lines(title: str, replay: Dict[str, Any]) -> List[str]:
                 f"+inf, {first['neginf']} -inf of {first['numel']}; inputs "
                 f"{'finite' if first['inputs_finite'] else 'non-finite'}"
             )
+    buffers = replay.get('nonfinite_buffers') or []
+    if buffers:
+        lines.append(
+            '  - non-finite buffers after the forward: '
+            + ', '.join(f'`{n}`' for n in buffers[:5])
+            + (f' (and {len(buffers) - 5} more)' if len(buffers) > 5 else '')
+        )
     jump = replay.get('magnitude_first')
     if jump:
         out_of_range = (

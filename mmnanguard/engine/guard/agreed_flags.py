@@ -30,6 +30,8 @@ class AgreedFlags(NamedTuple, Generic[T]):
             norm is folded).
         params (T): Non-finite parameters or buffers after the previous
             step (0 when no check was pending).
+        buffers (T): Non-finite buffers after the forward (BatchNorm
+            statistics; 0 for a model without floating buffers).
         spike (T): A loss or gradient-norm spike.
         amp_inf (T): The GradScaler's ``found_inf`` (0 without AMP).
     """
@@ -37,6 +39,7 @@ class AgreedFlags(NamedTuple, Generic[T]):
     loss: T
     grad: T
     params: T
+    buffers: T
     spike: T
     amp_inf: T
 

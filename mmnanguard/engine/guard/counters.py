@@ -16,6 +16,7 @@ COUNTERS = (
     'nonfinite_objective',
     'nonfinite_grad',
     'nonfinite_params',
+    'nonfinite_buffers',
     'poisoned_checkpoints',
     'amp_skipped',
     'spikes',

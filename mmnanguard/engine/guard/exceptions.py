@@ -1,5 +1,46 @@
 # Copyright (c) mmnanguard contributors. All rights reserved.
-"""Named exceptions raised by the guard."""
+"""Named exceptions raised by the guard, and the exceptions of numerical
+routines that data can trigger."""
+
+import traceback
+
+import numpy as np
+import torch
+
+from ..incident import Stage
+
+#: Raised by numerical routines on degenerate input (a singular matrix
+#: from a box of width 0): handled as data faults when the batch's data
+#: checks fail (:mod:`mmnanguard.engine.hooks.numerical_errors`).
+NUMERICAL_ERRORS = (
+    torch.linalg.LinAlgError,
+    np.linalg.LinAlgError,
+    FloatingPointError,
+    ZeroDivisionError,
+)
+
+
+def describe_error(err: BaseException) -> str:
+    """``'<type>: <message>'``, with torch's public name of its C class
+    (``LinAlgError``, not ``_LinAlgError``)."""
+    return f"{type(err).__name__.lstrip('_')}: {err}"
+
+
+def raised_stage(err: BaseException) -> Stage:
+    """Where ``err`` was raised: ``backward`` when autograd's backward is
+    on its traceback, ``loss`` when a frame lies in a ``losses`` package
+    (mmdet's, mmrotate's, mmseg's ``models/losses``), else ``forward``."""
+    frames = traceback.extract_tb(err.__traceback__)
+    if any(
+        f.name == 'backward' and 'torch' in f.filename.replace('\\', '/')
+        for f in frames
+    ):
+        return Stage.BACKWARD
+    for frame in frames:
+        path = frame.filename.replace('\\', '/')
+        if '/losses/' in path:
+            return Stage.LOSS
+    return Stage.FORWARD
 
 
 class NonFiniteTrainingError(RuntimeError):

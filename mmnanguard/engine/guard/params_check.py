@@ -1,6 +1,8 @@
 # Copyright (c) mmnanguard contributors. All rights reserved.
-"""The check of the parameters and buffers after a step, queued as a device
-flag and read with the next step's verdict (or now, before a checkpoint)."""
+"""The check of the parameters after a step, queued as a device flag and
+read with the next step's verdict (or now, before a checkpoint). The
+buffers, which the forward writes, are checked before the step
+(:mod:`.forward_buffers`)."""
 
 from typing import Optional, Sequence, Tuple
 
@@ -15,17 +17,14 @@ from .loss_window import read_dtype
 
 class ParamsCheck:
     """Queues the finiteness flag of the parameters (this rank's shards)
-    and of the floating buffers (BatchNorm statistics) after a step.
+    after a step.
 
     Args:
-        buffers (Sequence[Tensor]): Floating buffers checked with the
-            parameters.
         interval (int): Check after every this many steps (0: only when
             asked, for a snapshot that is due).
     """
 
-    def __init__(self, buffers: Sequence[Tensor] = (), interval: int = 1):
-        self.buffers = list(buffers)
+    def __init__(self, interval: int = 1):
         self.interval = interval
         #: The queued flag (0-dim bool on the device), or None.
         self.flag: Optional[Tensor] = None
@@ -36,12 +35,11 @@ class ParamsCheck:
         """Whether the interval asks for a check after ``iteration``."""
         return self.interval > 0 and (iteration + 1) % self.interval == 0
 
-    def queue(self, params: Sequence[Tensor], iteration: int) -> None:
-        """Queue the check of ``params`` and the buffers after the step of
-        ``iteration`` (joined with a check queued before and not read)."""
-        tensors = [local(p.detach()) for p in params] + [
-            b for b in self.buffers if b.is_floating_point()
-        ]
+    def queue(self, tensors: Sequence[Tensor], iteration: int) -> None:
+        """Queue the check of ``tensors`` (parameters, and buffers for the
+        state training starts from) after the step of ``iteration`` (joined
+        with a check queued before and not read)."""
+        tensors = [local(t.detach()) for t in tensors if t.is_floating_point()]
         if not tensors:
             return
         flag = any_nonfinite(tensors)

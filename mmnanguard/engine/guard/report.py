@@ -82,6 +82,7 @@ def build_report(
             not v.local_loss_finite
             or not v.local_grad_finite
             or v.local_params_finite is False
+            or bool(v.restored_buffers)
             or bool(v.spikes)
             or kind is IncidentKind.NONFINITE_CHECKPOINT
         )
@@ -108,12 +109,13 @@ def build_report(
         top_grad_params=top_grad_params or [],
         history=history,
         work_dir=runner.work_dir,
-        ann_file=_train_ann_file(runner),
+        ann_file=train_ann_file(runner),
+        restored_buffers=(v.restored_buffers or None) if v else None,
         **extra,
     )
 
 
-def _train_ann_file(runner) -> Optional[str]:
+def train_ann_file(runner) -> Optional[str]:
     """The training dataset's annotation file, or None."""
     loader = getattr(getattr(runner, 'train_loop', None), 'dataloader', None)
     return annotation_file_of(getattr(loader, 'dataset', None))

@@ -5,15 +5,17 @@ The guard's own evidence decides, in the order the iteration runs:
 
 * ``data``: the inputs or targets after the data preprocessor held a
   non-finite value (``StepVerdict.inputs_finite``);
+* ``forward``: the inputs were finite, a buffer the forward writes
+  (BatchNorm statistics) was not (``StepVerdict.buffers_finite``);
 * ``loss``: the inputs were finite, a loss term was not;
 * ``backward``: the loss was finite, the gradient norm was not;
 * ``optimizer``: the gradients were finite, the parameters after the step
   were not;
 * ``checkpoint``: a checkpoint about to be written held non-finite state.
 
-``forward`` (a non-finite activation before any loss) is not visible to
-the guard, which probes no module while training is healthy: the
-diagnosis sets it when its replay reproduces the incident and finds one.
+A non-finite activation before any loss is not visible to the guard,
+which probes no module while training is healthy: the diagnosis sets
+``forward`` when its replay reproduces the incident and finds one.
 Spike incidents (finite values) take the stage of the check that vetoed.
 """
 
@@ -54,9 +56,22 @@ def live_stage(
     elif kind is IncidentKind.NONFINITE_PARAMS:
         stage = Stage.OPTIMIZER
         text = 'loss and gradients finite, parameters non-finite after step'
+    elif v.exception is not None:
+        stage = Stage.coerce(v.exception_stage, 'stage') or Stage.LOSS
+        text = f'{v.exception} raised in the {stage} (a numerical routine)'
     elif inputs is False:
         stage = Stage.DATA
         text = 'the inputs after the data preprocessor held non-finite values'
+    elif v.buffers_bad:
+        stage = Stage.FORWARD
+        named = ', '.join(f'`{n}`' for n in v.restored_buffers[:3])
+        more = len(v.restored_buffers) - 3
+        named += f' (and {more} more)' if more > 0 else ''
+        text = (
+            'inputs finite, the forward wrote non-finite buffers'
+            f'{": " + named if named else ""} (restored to their values '
+            'before it)'
+        )
     elif not v.loss_finite:
         stage, text = Stage.LOSS, 'inputs finite, a loss term non-finite'
     elif kind is IncidentKind.NONFINITE_GRAD:

@@ -1,31 +1,32 @@
 # Copyright (c) mmnanguard contributors. All rights reserved.
 """The guard inside the optimizer wrapper: one host read per step.
 
-Every check of an iteration is a tensor on the device until the optimizer
-is about to step: whether the inputs after the data preprocessor were
-finite, each loss term and the total loss of every micro-batch of the
-accumulation window, the global gradient norm (and, for a report only,
-the norm of every parameter's gradient, taken before ``clip_grad`` scales
-them), whether the parameters and buffers were finite after the previous
-step, the spike detector's flags and, under AMP, the GradScaler's
-``found_inf``, scale and growth tracker. :meth:`StepGuard.read` stacks
-them into one vector and reads it on the host once (``.tolist()``);
-under ``torch.distributed`` the flags that decide are summed over the
-ranks by one ``all_reduce`` before that read, so every rank takes the same
-decision. The norm of sharded gradients (FSDP2) travels in the same
-``all_reduce``, each rank's share of it summed with the flags
+Every check of an iteration is a tensor on the device until the optimizer is
+about to step: whether the inputs after the data preprocessor were finite, each
+loss term and the total loss of every micro-batch of the accumulation window,
+the global gradient norm (and, for a report only, the norm of every parameter's
+gradient, taken before ``clip_grad`` scales them), whether the parameters were
+finite after the previous step, whether the buffers the forward wrote
+(BatchNorm statistics) are finite (a non-finite one is put back to its value
+before the forward: :mod:`.forward_buffers`), the spike detector's flags and,
+under AMP, the GradScaler's ``found_inf``, scale and growth tracker.
+:meth:`StepGuard.read` stacks them into one vector and reads it on the host
+once (``.tolist()``); under ``torch.distributed`` the flags that decide are
+summed over the ranks by one ``all_reduce`` before that read, so every rank
+takes the same decision. The norm of sharded gradients (FSDP2) travels in the
+same ``all_reduce``, each rank's share of it summed with the flags
 (:mod:`.grad_norm`); the spike detector then checks that norm after the
 ``all_reduce``, the losses before it (their flags are voted). With
-``clip_grad`` the read happens inside the clip function and returns the
-norm as a Python float, so mmengine's own ``float(grad_norm)`` for the log
-costs nothing: the guard adds no read.
+``clip_grad`` the read happens inside the clip function and returns the norm as
+a Python float, so mmengine's own ``float(grad_norm)`` for the log costs
+nothing: the guard adds no read.
 
 Backward always runs: a non-finite loss gives non-finite gradients, which
 the verdict catches before the step (and no rank skips a collective).
 """
 
 import math
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 import torch
 from mmengine import dist
@@ -35,6 +36,7 @@ from mmnanguard.compat.grad_scaler_state import amp_state
 
 from .agreed_flags import AgreedFlags
 from .dtensor import local
+from .forward_buffers import ForwardBuffers
 from .grad_norm import GradNorm, grad_norm
 from .loss_window import LossWindow, as_read_scalar, read_dtype
 from .params_check import ParamsCheck
@@ -57,8 +59,9 @@ class StepGuard:
 
     Args:
         named_params (dict): ``id(param) -> name``, for attribution.
-        buffers (Sequence[Tensor]): Floating buffers checked with the
-            parameters after a step (BatchNorm statistics).
+        buffers (Mapping[str, Tensor]): The model's named buffers, saved
+            before each forward and checked before the step (BatchNorm
+            statistics).
         top_k_grads (int): Parameters reported on a gradient incident.
         spike_detector (SpikeDetector, optional): Joins the read.
         param_check_interval (int): Check the parameters after every this
@@ -68,7 +71,7 @@ class StepGuard:
     def __init__(
         self,
         named_params: Dict[int, str],
-        buffers: Sequence[Tensor] = (),
+        buffers: Optional[Mapping[str, Tensor]] = None,
         top_k_grads: int = 10,
         spike_detector: Optional[SpikeDetector] = None,
         param_check_interval: int = 1,
@@ -77,7 +80,9 @@ class StepGuard:
         self.top_k_grads = top_k_grads
         self.spike_detector = spike_detector
         #: The queued check of the parameters after a step.
-        self.params_check = ParamsCheck(buffers, param_check_interval)
+        self.params_check = ParamsCheck(param_check_interval)
+        #: The buffers the forward writes, saved before it.
+        self.forward_buffers = ForwardBuffers(dict(buffers or {}))
         self.vetoes: List[Veto] = []
         #: Host flags that travel in the read (and its ``all_reduce``):
         #: ``name -> callable returning this rank's bool``; the verdict's
@@ -97,7 +102,10 @@ class StepGuard:
 
     # -- what the iteration produced (no host reads) -----------------------
     def begin_iteration(self, iteration: int) -> None:
-        """Start iteration ``iteration``."""
+        """Start iteration ``iteration``: save the buffers before the
+        forward of an accumulation window's first micro-batch."""
+        if not self._windows:
+            self.forward_buffers.save()
         self.iteration = iteration
         self.outcome = IterationOutcome(iteration)
         self.check_params_after_step = False
@@ -194,6 +202,9 @@ class StepGuard:
             add('params', [params_flag])
         if self._inputs_flag is not None:
             add('inputs', [self._inputs_flag])
+        buffers_flag = self.forward_buffers.flag()
+        if buffers_flag is not None:
+            add('buffers', [buffers_flag])
         if power is not None:
             local_grad_bad = ~torch.isfinite(power)
             add('local_grad', local_grad_bad)
@@ -238,6 +249,9 @@ class StepGuard:
                 ).to(dtype),
                 params=as_read_scalar(params_flag, device)
                 if params_flag is not None
+                else zero,
+                buffers=as_read_scalar(buffers_flag, device)
+                if buffers_flag is not None
                 else zero,
                 spike=check.flags.any().to(dtype)
                 if check is not None
@@ -299,6 +313,7 @@ class StepGuard:
         local_grad_bad = bool(local_grad[0]) if local_grad else grad_bad
         params = part('params')
         params_bad = bool(params[0]) if params else None
+        buffers = part('buffers')
         amp = part('amp')
         verdict = StepVerdict(
             iteration=self.iteration,
@@ -311,6 +326,7 @@ class StepGuard:
             inputs_finite=bool(host[layout['inputs']][0])
             if 'inputs' in layout
             else None,
+            buffers_finite=None if buffers is None else not buffers[0],
             loss_terms=dict(zip(terms, part('terms') or [])),
             local_loss_finite=not loss_bad,
             local_grad_finite=not local_grad_bad,
@@ -345,6 +361,8 @@ class StepGuard:
             )
             if params is not None:
                 verdict.params_finite = not seen.params
+            if buffers is not None:
+                verdict.buffers_finite = not seen.buffers
             # under action='log' the rank that saw the spike steps too
             if seen.spike and not verdict.spikes and verdict.spike_acts:
                 verdict.veto = 'a spike on another rank'
@@ -355,6 +373,8 @@ class StepGuard:
             self._params_seen = (verdict.params_finite, params_iteration)
         elif self._params_seen is not None:  # another wrapper's read
             verdict.params_finite, verdict.params_iteration = self._params_seen
+        if verdict.buffers_finite is False:
+            verdict.restored_buffers = self.forward_buffers.restore()
         reasons = [r for r in (v(verdict) for v in self.vetoes) if r]
         if reasons:
             verdict.veto = '; '.join(reasons)
@@ -399,7 +419,37 @@ class StepGuard:
     def check_initial_params(self, params: Sequence[Tensor]) -> None:
         """Queue a check of the parameters training starts from (read with
         the first step, as the check of the step before it)."""
-        self.params_check.queue(params, self.iteration - 1)
+        self.params_check.queue(
+            list(params) + self.forward_buffers.floating, self.iteration - 1
+        )
+
+    def drop_raised_iteration(self, exception: str, stage: str) -> None:
+        """Record this iteration as a step dropped because a numerical
+        routine raised in it (no read: the verdict is the exception's):
+        the buffers the forward wrote are restored and an open
+        accumulation window is closed.
+
+        Args:
+            exception (str): ``'<type>: <message>'``.
+            stage (str): Where it was raised (``forward``, ``loss`` or
+                ``backward``).
+        """
+        restored = self.forward_buffers.restore()
+        self._windows.clear()
+        flag = self._inputs_flag  # one read, on an incident only
+        self.outcome.verdicts.append(
+            StepVerdict(
+                iteration=self.iteration,
+                inputs_finite=None if flag is None else bool(flag),
+                loss_finite=False,
+                loss_bad_iteration=self.iteration,
+                local_loss_finite=False,
+                restored_buffers=restored,
+                exception=exception,
+                exception_stage=stage,
+            )
+        )
+        self.outcome.skipped += 1
 
     def forget_pending(self) -> None:
         """Drop what was queued for the next read (after a rollback

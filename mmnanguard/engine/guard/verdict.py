@@ -60,11 +60,15 @@ class StepVerdict:
         grad_norm (float): The global gradient norm, before ``clip_grad``.
         grad_finite (bool): The gradient norm was finite (under AMP: the
             GradScaler found no inf).
-        params_finite (bool, optional): The parameters and buffers after
-            the previous step were finite (None: not checked).
+        params_finite (bool, optional): The parameters after the previous
+            step (and, for the first step, the buffers training starts
+            from) were finite (None: not checked).
         params_iteration (int, optional): The iteration of that step.
         inputs_finite (bool, optional): The inputs and boxes after the
             data preprocessor were finite (None: not seen).
+        buffers_finite (bool, optional): The floating buffers after the
+            forward (BatchNorm statistics) were finite (None: the model
+            has none).
         loss_terms (dict): ``parse_losses``' log vars as floats.
         spikes (list[Spike]): Quantities above their running max.
         amp (AmpStep, optional): The GradScaler's side of the step.
@@ -81,6 +85,7 @@ class StepVerdict:
     params_finite: Optional[bool] = None
     params_iteration: Optional[int] = None
     inputs_finite: Optional[bool] = None
+    buffers_finite: Optional[bool] = None
     loss_terms: Dict[str, float] = field(default_factory=dict)
     spikes: List[Spike] = field(default_factory=list)
     spike_acts: bool = False
@@ -99,11 +104,24 @@ class StepVerdict:
     #: The global gradient norm on the device (what ``clip_grad`` uses).
     grad_total: Optional[Tensor] = field(default=None, repr=False)
     grad_params: List[GradHolder] = field(default_factory=list, repr=False)
+    #: The buffers the forward made non-finite, restored to their values
+    #: before it (this rank's names).
+    restored_buffers: List[str] = field(default_factory=list)
+    #: A numerical routine's exception that ended the iteration
+    #: (``'LinAlgError: ...'``), on a batch whose data checks failed; and
+    #: the stage it was raised in.
+    exception: Optional[str] = None
+    exception_stage: Optional[str] = None
 
     @property
     def params_bad(self) -> bool:
         """The previous step made the weights non-finite."""
         return self.params_finite is False
+
+    @property
+    def buffers_bad(self) -> bool:
+        """The forward made a buffer non-finite (restored since)."""
+        return self.buffers_finite is False
 
     @property
     def vetoed(self) -> bool:
@@ -113,8 +131,14 @@ class StepVerdict:
     @property
     def guard_drops(self) -> bool:
         """The guard drops this step: the weights are already non-finite,
-        a loss was, or a spike or veto acts."""
-        return self.params_bad or not self.loss_finite or self.vetoed
+        a loss or a buffer the forward wrote was, or a spike or veto
+        acts."""
+        return (
+            self.params_bad
+            or not self.loss_finite
+            or self.buffers_bad
+            or self.vetoed
+        )
 
     def allows_step(self) -> bool:
         """Whether the optimizer may step. Under AMP, non-finite gradients

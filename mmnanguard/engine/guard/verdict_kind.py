@@ -14,10 +14,16 @@ def incident_kind(verdict: Optional[StepVerdict]) -> Optional[IncidentKind]:
         return None
     if verdict.params_bad:
         return IncidentKind.NONFINITE_PARAMS
+    # the forward runs before the loss: its buffers name the incident
+    # unless the inputs were non-finite already
+    if verdict.buffers_bad and verdict.inputs_finite is not False:
+        return IncidentKind.NONFINITE_BUFFERS
     if not verdict.loss_finite:
         return IncidentKind.NONFINITE_LOSS
     if not verdict.grad_finite and verdict.amp is None:
         return IncidentKind.NONFINITE_GRAD
+    if verdict.buffers_bad:
+        return IncidentKind.NONFINITE_BUFFERS
     if verdict.spike_acts and (verdict.spikes or verdict.veto):
         grad_only = verdict.spikes and all(
             s.stage == 'grad' for s in verdict.spikes

@@ -19,6 +19,7 @@ from ..guard.incident_event import IncidentEvent
 from ..incident import (
     CONFIG_NAME,
     MODEL_NAME,
+    Cause,
     IncidentAction,
     IncidentKind,
     write_incident_file,
@@ -37,26 +38,27 @@ class NanDiagnosisHook(Hook):
     and no stage of this hook is called per iteration.
 
     On every distinct incident, up to ``max_diagnoses``, and always on the
-    incident that stops training (an incident is
-    distinct when its samples, kind or live stage differ from one already
-    diagnosed, see :mod:`mmnanguard.engine.diagnosis.distinct`), the
-    listener replays the incident's batch on the model (state, gradients
-    and modes restored afterwards), from the state just before the bad
-    update (see
-    :mod:`mmnanguard.engine.diagnosis.replay_state`) with the saved RNG
-    states, under forward hooks and output-gradient hooks on every module;
-    checks the batch's pixels, boxes, labels and segmentation maps; under
-    AMP replays once more in fp32; and classifies the cause (``data``,
-    ``forward``, ``loss``, ``backward``, ``explosion``, ``transient``,
-    ``optimizer``), the ``stage`` and whether the replay ``reproduced`` it.
-    It writes ``cause``, ``stage``, ``reproduced``, ``evidence`` and
-    ``diagnosis`` into ``report.json``, adds ``report.md`` and
-    ``timeline.png``, and, for ``tools/replay.py``, the run's config
-    (``config.py``) and the replayed weights (``model.pth``, a plain state
-    dict) to the incident folder. The verdict is logged as an error. A
-    repeat of a diagnosed incident gets ``repeat_of`` (the earlier folder,
-    iteration, cause and stage) in its ``report.json`` and a ``report.md``
-    saying so, without a replay.
+    incident that stops training (an incident is distinct when its samples,
+    kind or live stage differ from one already diagnosed, see
+    :mod:`mmnanguard.engine.diagnosis.distinct`), the listener replays the
+    incident's batch on the model (state, gradients and modes restored
+    afterwards), from the state just before the bad update (see
+    :mod:`mmnanguard.engine.diagnosis.replay_state`) with the saved RNG states,
+    under forward hooks and output-gradient hooks on every module; checks the
+    batch's pixels, boxes, labels and segmentation maps; under AMP replays once
+    more in fp32; and classifies the cause (``data``, ``forward``, ``loss``,
+    ``backward``, ``explosion``, ``transient``, ``recurring``, ``optimizer``),
+    the ``stage`` and whether the replay ``reproduced`` it. It writes
+    ``cause``, ``stage``, ``reproduced``, ``evidence`` and ``diagnosis`` into
+    ``report.json``, adds ``report.md`` and ``timeline.png``, and, for
+    ``tools/replay.py``, the run's config (``config.py``) and the replayed
+    weights (``model.pth``, a plain state dict) to the incident folder. The
+    verdict is logged as an error. A repeat of a diagnosed incident gets
+    ``repeat_of`` (the earlier folder, iteration, cause and stage) in its
+    ``report.json`` and a ``report.md`` saying so, without a replay; a repeat
+    of one diagnosed ``transient`` is diagnosed again, and a finite replay is
+    then ``recurring``: a fault that comes back with the same samples is never
+    a one-shot fault.
 
     A diagnosis that fails is logged with its traceback and recorded as
     ``diagnosis_error`` in ``report.json``; training goes on under the
@@ -176,6 +178,9 @@ class NanDiagnosisHook(Hook):
         # its report.md is what the user reads
         stopping = report['action'] == IncidentAction.RAISE
         earlier = self.log.repeat_of(report)
+        recurs_after = None
+        if earlier is not None and earlier['cause'] == Cause.TRANSIENT:
+            recurs_after, earlier = earlier, None
         if earlier is not None and not stopping:
             report['repeat_of'] = earlier
             write_report_json(report, folder)
@@ -187,7 +192,7 @@ class NanDiagnosisHook(Hook):
                 'same samples, kind and stage'
             )
             return
-        if self.log.full and not stopping:
+        if self.log.full and not stopping and recurs_after is None:
             report['diagnosis_skipped'] = (
                 f'max_diagnoses={self.max_diagnoses} distinct incidents '
                 'were diagnosed already'
@@ -195,11 +200,17 @@ class NanDiagnosisHook(Hook):
             write_report_json(report, folder)
             return
         try:
-            self._diagnose(runner, event, folder)
+            self._diagnose(runner, event, folder, recurs_after)
         finally:
             self.log.add(report, folder)
 
-    def _diagnose(self, runner, event: IncidentEvent, folder: str) -> None:
+    def _diagnose(
+        self,
+        runner,
+        event: IncidentEvent,
+        folder: str,
+        recurs_after: Optional[dict] = None,
+    ) -> None:
         report, batch = event.report, event.batch
         amp_dtype, loss_scale = amp_settings(runner.optim_wrapper)
         optimizer_bad = (
@@ -226,6 +237,7 @@ class NanDiagnosisHook(Hook):
                 anomaly=self.anomaly,
                 explosion_ratio=self.explosion_ratio,
                 optimizer_nonfinite=optimizer_bad[:20],
+                recurs_after=recurs_after,
             )
         found.apply_to(report)
         write_incident_file(folder, CONFIG_NAME, runner.cfg.pretty_text)

@@ -19,6 +19,7 @@ from ..guard.loss_terms import capture_loss_terms
 from ..guard.lr_backoff import lr_setting_hooks, non_chaining_schedulers
 from ..guard.optim_members import optim_wrapper_members
 from ..guard.rank_agreement import is_distributed
+from ..guard.report import train_ann_file
 from ..guard.responder import GuardResponder
 from ..guard.rng import capture_rng_state
 from ..guard.save_agreement import agree_around_saves, agree_before_save
@@ -27,6 +28,7 @@ from ..guard.started import started
 from ..incident import IncidentRecorder, mark_discarded
 from ..optimizers import install_step_guard
 from ..resume import ExactResume
+from .numerical_errors import NumericalErrors
 
 DATA_BATCH = Optional[Any]
 
@@ -60,7 +62,8 @@ class NanGuardHook(Hook):
 
     Every check of an iteration (the inputs after the data preprocessor,
     each loss term, the gradient norm before ``clip_grad`` scales it, the
-    parameters and buffers after the previous step, the spike detector)
+    parameters after the previous step, the buffers the forward wrote, the
+    spike detector)
     stays on the device until the optimizer is about to step; then the
     step guard reads them in **one** host read, which under ``clip_grad``
     is the read mmengine makes anyway to log the norm
@@ -159,7 +162,7 @@ class NanGuardHook(Hook):
         model = unwrap_model(runner.model)
         self.step_guard = StepGuard(
             {id(p): n for n, p in model.named_parameters()},
-            buffers=list(model.buffers()),
+            buffers=dict(model.named_buffers()),
             top_k_grads=self.settings.top_k_grads,
             spike_detector=self.responder.spike_detector,
             param_check_interval=self.settings.param_check_interval,
@@ -174,6 +177,10 @@ class NanGuardHook(Hook):
             )
         capture_loss_terms(model, self.step_guard)
         capture_input_finiteness(runner.model, self.step_guard)
+        numerical = NumericalErrors(
+            self.step_guard, model, train_ann_file(runner)
+        )
+        numerical.install(runner.model)
         self._warn_about_schedules(runner)
         if self._enforcer not in runner.hooks:
             # after every hook registered so far, LOWEST included

@@ -79,9 +79,11 @@ def _image_count(data: Mapping, samples: Mapping) -> Optional[int]:
 
 def _sample_record(sample: Any) -> Dict[str, Any]:
     """The record of one data sample of the list layout."""
-    record = _source(getattr(sample, 'metainfo', None))
+    meta = getattr(sample, 'metainfo', None)
+    record = _source(meta)
     instances = _field(sample, 'gt_instances')
     record.update(
+        img_shape=meta.get('img_shape') if isinstance(meta, Mapping) else None,
         boxes=_field(instances, 'bboxes'),
         labels=_field(instances, 'labels'),
         keypoints=_field(instances, 'keypoints'),
@@ -104,8 +106,12 @@ def _packed_records(data: Mapping, samples: Mapping) -> List[Dict[str, Any]]:
     visible = samples.get('keypoints_visible')
     records = []
     for i in range(count or 0):
-        record = _source(metas[i] if i < len(metas) else None)
+        meta = metas[i] if i < len(metas) else None
+        record = _source(meta)
         record.update(
+            img_shape=meta.get('img_shape')
+            if isinstance(meta, Mapping)
+            else None,
             boxes=None,
             labels=None,
             keypoints=None,

@@ -20,6 +20,9 @@ class IncidentKind(ReportLabel):
     NONFINITE_GRAD = 'nonfinite_grad'
     #: The parameters or buffers were non-finite after an optimizer step.
     NONFINITE_PARAMS = 'nonfinite_params'
+    #: The forward wrote non-finite buffers (BatchNorm statistics); they
+    #: were restored to their values before it.
+    NONFINITE_BUFFERS = 'nonfinite_buffers'
     #: A checkpoint about to be written held non-finite state.
     NONFINITE_CHECKPOINT = 'nonfinite_checkpoint'
     #: A loss term spiked (``spike=dict(...)``).
@@ -66,6 +69,7 @@ _COUNTERS = {
     IncidentKind.NONFINITE_LOSS: 'nonfinite_objective',
     IncidentKind.NONFINITE_GRAD: 'nonfinite_grad',
     IncidentKind.NONFINITE_PARAMS: 'nonfinite_params',
+    IncidentKind.NONFINITE_BUFFERS: 'nonfinite_buffers',
     IncidentKind.NONFINITE_CHECKPOINT: 'poisoned_checkpoints',
     IncidentKind.LOSS_SPIKE: 'spikes',
     IncidentKind.GRAD_SPIKE: 'spikes',

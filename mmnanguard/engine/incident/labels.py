@@ -79,3 +79,6 @@ class Cause(ReportLabel):
     BACKWARD = 'backward'
     #: The gradients were finite, the optimizer state was not.
     OPTIMIZER = 'optimizer'
+    #: The replay of the batch is finite, but the same samples gave the
+    #: same incident before: never a one-shot fault.
+    RECURRING = 'recurring'

@@ -23,6 +23,7 @@ DIAGNOSIS_FIELDS = (
 OPTIONAL_FIELDS = DIAGNOSIS_FIELDS + (
     'spikes',
     'nonfinite_tensors',
+    'restored_buffers',
     'detected_at',
     'report_path',
     'write_error',
@@ -106,6 +107,9 @@ class IncidentReport:
     spikes: Optional[List[Dict[str, Any]]] = None
     #: Poisoned checkpoints: the paths of the non-finite tensors.
     nonfinite_tensors: Optional[List[str]] = None
+    #: The buffers the forward made non-finite (BatchNorm statistics),
+    #: restored to their values before it.
+    restored_buffers: Optional[List[str]] = None
     report_path: Optional[str] = None
     #: Why the incident folder could not be written (a full disk, ...).
     write_error: Optional[str] = None

@@ -244,6 +244,42 @@ def test_check_image_counts(bad):
     assert checks.check_image(np.zeros((4, 5, 3), np.uint8)) == []
 
 
+@pytest.mark.parametrize(
+    'value, flagged',
+    [
+        (-3.4e38, True),  # GDAL's float32 NoData value
+        (float(np.finfo(np.float32).max), True),
+        (1.9e19, True),  # its square passes float32
+        (1.8e19, False),
+        (65535.0, False),  # a uint16 image read as float
+        (-1e4, False),
+    ],
+)
+def test_check_image_range_names_extreme_finite_pixels(value, flagged):
+    img = np.random.default_rng(0).random((6, 7, 3)).astype(np.float32)
+    img[:2, :3] = value  # 18 pixels
+    found = checks.check_image(img)
+    if not flagged:
+        assert found == []
+        return
+    (v,) = found
+    assert v.check == 'image_range' and v.index is None
+    # independent: numpy in float64
+    big = np.abs(img.astype(np.float64)) >= math.sqrt(
+        float(np.finfo(np.float32).max)
+    )
+    assert v.values == (int(big.sum()), float(np.float32(value)))
+    assert v.values[0] == 18
+
+
+def test_a_non_finite_pixel_is_told_before_extreme_ones():
+    img = np.zeros((2, 2), np.float32)
+    img[0, 0] = -3.4e38
+    img[1, 1] = math.nan
+    (v,) = checks.check_image(img)
+    assert v.check == 'image_finite' and v.values == (1, 0, 0)
+
+
 def test_empty_inputs():
     assert checks.check_boxes(np.zeros((0, 5)), 1.0, 'le90') == []
     assert checks.check_labels(np.zeros((0,), np.int64), 3) == []
@@ -568,14 +604,23 @@ def test_coco_augmentation_degenerate_box_filtered_with_masks(
     )
 
 
-def test_coco_non_finite_image(tmp_path, log_file):
-    """A float TIFF with NaN pixels: raise names the file and the counts;
-    filter drops the sample and the dataset refetches another."""
+@pytest.mark.parametrize(
+    'value, told',
+    [
+        (np.nan, 'image_finite failed for sample: (6, 0, 0)'),
+        # GDAL's NoData value: finite, but BatchNorm's variance overflows
+        (-3.4e38, 'image_range failed for sample: (6, -3.4e+38)'),
+    ],
+)
+def test_coco_non_finite_image(tmp_path, log_file, value, told):
+    """A float TIFF with NaN or NoData pixels: raise names the file and
+    the counts; filter drops the sample and the dataset refetches
+    another."""
     root = str(tmp_path / 'coco')
     written = generate_coco(root, num_images=2, seed=0)
     img = cv2.imread(osp.join(written['img_dir'], '000000.png'))
     img = img.astype(np.float32)
-    img[:2, :3, 0] = np.nan
+    img[:2, :3, 0] = value
     cv2.imwrite(osp.join(written['img_dir'], '000000.tiff'), img)
     with open(written['ann_file']) as f:
         coco = json.load(f)
@@ -595,9 +640,7 @@ def test_coco_non_finite_image(tmp_path, log_file):
             with pytest.raises(InvalidAnnotationError) as err:
                 dataset[0]
             assert '000000.tiff' in str(err.value)
-            assert 'image_finite failed for sample: (6, 0, 0)' in str(
-                err.value
-            )
+            assert told in str(err.value)
         else:
             sample = dataset[0]
             assert sample['data_samples'].img_path.endswith('000001.png')

@@ -207,6 +207,37 @@ def test_one_shot_fault_is_transient_with_its_live_stage(
         assert 'data loading' in report['diagnosis']['remedy'][0]
 
 
+def test_a_fault_that_returns_with_its_samples_is_recurring(
+    tmp_path_factory,
+):
+    # two images, batch 2: every batch holds the same samples; the NaN
+    # gradient is planted in iterations 0 and 2 and never in the replay
+    root = str(tmp_path_factory.mktemp('same_samples'))
+    generate_dota(root, num_images=2, seed=0)
+    _, reports = train_until_incident(
+        str(tmp_path_factory.mktemp('recurring')),
+        root,
+        [
+            dict(type='FaultInjectionHook', fault='nan_grad', iteration=i)
+            for i in (0, 2)
+        ],
+        max_iters=4,
+        policy='skip',
+    )
+    first, second = reports
+    assert {first['iteration'], second['iteration']} == {0, 2}
+    assert first['cause'] == 'transient'
+    # the same samples, kind and stage: diagnosed again, not a repeat
+    assert 'repeat_of' not in second
+    assert second['cause'] == 'recurring' and second['reproduced'] is False
+    summary = second['diagnosis']['summary']
+    assert 'iteration 0' in summary and first['folder'].endswith(
+        summary.split('(')[1].split(')')[0]
+    )
+    assert 'not a one-shot fault' in summary
+    assert 'check_dataset' in second['diagnosis']['remedy'][0]
+
+
 def test_two_broken_files_are_both_diagnosed_and_named(tmp_path_factory):
     root = str(tmp_path_factory.mktemp('two_broken'))
     written = generate_dota(

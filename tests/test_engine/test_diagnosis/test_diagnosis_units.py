@@ -273,34 +273,44 @@ def test_anomaly_mode_names_the_failing_op():
 
 
 def test_a_repeat_names_the_diagnosis_it_repeats(tmp_path):
-    # the same kind, stage and samples twice: one diagnosis, one repeat
+    # the same kind, stage and samples three times: the fault hook is gone
+    # when the replay runs, so the first is transient; the second, the
+    # same samples again, is diagnosed again as recurring; the third
+    # repeats that diagnosis
     runner, first = _toy_run(
         tmp_path,
         [
-            dict(type='FaultInjectionHook', fault='inf_loss', iteration=1),
-            dict(type='FaultInjectionHook', fault='inf_loss', iteration=3),
+            dict(type='FaultInjectionHook', fault='inf_loss', iteration=i)
+            for i in (0, 1, 3)
         ],
         policy='skip',
     )
     folders = sorted((tmp_path / 'nanguard').glob('incident_*'))
     assert [f.name for f in folders] == [
-        'incident_000_iter000001',
-        'incident_001_iter000003',
+        'incident_000_iter000000',
+        'incident_001_iter000001',
+        'incident_002_iter000003',
     ]
-    # the fault hook is gone when the replay runs: transient, stage loss
     assert first['cause'] == 'transient' and first['stage'] == 'loss'
-    with open(folders[1] / 'report.json') as f:
-        second = json.load(f)
-    assert 'cause' not in second
-    assert second['repeat_of'] == dict(
-        folder='incident_000_iter000001',
-        iteration=1,
-        cause='transient',
-        stage='loss',
-        summary=first['diagnosis']['summary'],
+    second, third = (
+        json.loads((folder / 'report.json').read_text())
+        for folder in folders[1:]
     )
-    text = (folders[1] / 'report.md').read_text()
-    assert 'repeat of `incident_000_iter000001`' in text
+    assert second['cause'] == 'recurring' and 'repeat_of' not in second
+    assert (
+        'at iteration 0 (incident_000_iter000000)'
+        in (second['diagnosis']['summary'])
+    )
+    assert 'cause' not in third
+    assert third['repeat_of'] == dict(
+        folder='incident_001_iter000001',
+        iteration=1,
+        cause='recurring',
+        stage='loss',
+        summary=second['diagnosis']['summary'],
+    )
+    text = (folders[2] / 'report.md').read_text()
+    assert 'repeat of `incident_001_iter000001`' in text
 
 
 @pytest.mark.parametrize('bound', [1, 5])

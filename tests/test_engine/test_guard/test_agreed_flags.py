@@ -14,7 +14,9 @@ from mmnanguard.engine.guard.agreed_flags import AgreedFlags
 
 
 def _sent(votes, share):
-    head = AgreedFlags(loss=1.0, grad=0.0, params=2.0, spike=0.0, amp_inf=1.0)
+    head = AgreedFlags(
+        loss=1.0, grad=0.0, params=2.0, buffers=3.0, spike=0.0, amp_inf=1.0
+    )
     return head.to_list() + list(votes) + list(share)
 
 
@@ -26,18 +28,20 @@ def test_view_votes_and_tail_by_name(votes, share, as_tensor):
     if as_tensor:
         summed = torch.tensor(summed, dtype=torch.float64)
     seen = AgreedFlags.view(summed)
-    assert [float(v) for v in seen] == [1.0, 0.0, 2.0, 0.0, 1.0]
+    assert [float(v) for v in seen] == [1.0, 0.0, 2.0, 3.0, 0.0, 1.0]
     assert (float(seen.loss), float(seen.params)) == (1.0, 2.0)
+    assert float(seen.buffers) == 3.0
     assert float(seen.spike) == 0.0 and float(seen.amp_inf) == 1.0
     assert [float(v) for v in AgreedFlags.votes(summed, len(votes))] == votes
     assert [float(v) for v in AgreedFlags.tail(summed, len(votes))] == share
 
 
-def test_the_head_is_the_five_flags_sent_first():
+def test_the_head_is_the_six_flags_sent_first():
     assert AgreedFlags._fields == (
         'loss',
         'grad',
         'params',
+        'buffers',
         'spike',
         'amp_inf',
     )
