@@ -197,7 +197,11 @@ def test_sigterm_saves_once_exits_4_and_resumes(mode, targets, tmp_path):
     assert not all(torch.equal(saved[k], weights[0][k]) for k in saved)
 
 
-def test_ddp_resume_ends_with_the_uninterrupted_weights(tmp_path):
+@pytest.mark.parametrize('workers', [(), ('workers',)], ids=['0', '2'])
+@pytest.mark.parametrize('loop', [(), ('epoch',)], ids=['iter', 'epoch'])
+def test_ddp_resume_ends_with_the_uninterrupted_weights(
+    loop, workers, tmp_path
+):
     """SIGTERM to both ranks of a DDP run (``NanGuardRunner``; the NaN
     gradient of rank 1 skipped at iteration 3; each sample's inputs
     jittered by numpy's generator, as a random transform draws, and
@@ -206,21 +210,28 @@ def test_ddp_resume_ends_with_the_uninterrupted_weights(tmp_path):
     the dropout draw again what they drew, and the weights at iteration 8
     equal, every tensor, those of the same run never interrupted (bare
     mmengine's resume, which reloads the trained batches, replays the
-    jitter but not the dropout)."""
+    jitter but not the dropout). With 2 loader workers per rank the
+    batches' seeds reach the workers, and the dropout draws from each
+    rank's main-process generator (``diff_rank_seed=True``: they differ by
+    rank), which the checkpoint holds per rank.
+    The epoch-based loop (epochs of 4 iterations) resumes in the middle of
+    epoch 2."""
     whole = tmp_path / 'whole'
     whole.mkdir()
     out = run_script(
-        _torchrun('runner', whole, 'jitter'),
+        _torchrun('runner', whole, 'jitter', *workers, *loop),
         timeout=300,
         env=dict(OMP_NUM_THREADS='1'),
     )
     assert out.returncode == 0, (out.stdout + out.stderr)[-6000:]
     work = tmp_path / 'work'
     work.mkdir()
-    status, log = _preempted_run('runner', work, (0, 1), 'jitter')
+    status, log = _preempted_run(
+        'runner', work, (0, 1), 'jitter', *workers, *loop
+    )
     assert status == 1, log[-6000:]
     out = run_script(
-        _torchrun('runner', work, 'resume', 'jitter'),
+        _torchrun('runner', work, 'resume', 'jitter', *workers, *loop),
         timeout=300,
         env=dict(OMP_NUM_THREADS='1'),
     )
@@ -235,3 +246,4 @@ def test_ddp_resume_ends_with_the_uninterrupted_weights(tmp_path):
             k for k in expected if not torch.equal(expected[k], resumed[k])
         ]
         assert differ == [], (rank, differ)
+    assert 'random generators restored, each rank its own' in log

@@ -3,7 +3,11 @@
 one documented way in builds it, train, and save this rank's final weights
 to ``WORK_DIR/weights_rank{RANK}.pth``.
 
-Usage: ``ways_in_worker.py WAY MODE WORK_DIR MAX_ITERS [resume] [slow]``
+Usage: ``ways_in_worker.py WAY MODE WORK_DIR MAX_ITERS [resume] [slow]
+[jitter] [workers] [epoch]`` (``jitter``: the jittered samples and the
+model with dropout; ``workers``: 2 loader workers per rank and
+``diff_rank_seed=True``; ``epoch``: an epoch-based loop, epochs of 4
+iterations)
 
 * ``WAY``: ``include`` (``runner_type='mmnanguard.NanGuardRunner'`` and
   the include's settings, built by ``RUNNERS.build`` as the upstream
@@ -86,6 +90,8 @@ def build_cfg(
     resume,
     slow: bool = False,
     jitter: bool = False,
+    workers: int = 0,
+    by_epoch: bool = False,
 ):
     import ways_in_toy  # noqa: F401  (WaysInToyModel, WaysInToyDataset)
     from mmengine.config import Config
@@ -132,6 +138,15 @@ def build_cfg(
     cfg['train_dataloader']['dataset'] = dict(
         type='WaysInJitteredToyDataset' if jitter else 'WaysInToyDataset'
     )
+    if by_epoch:  # epochs of 4 iterations (16 samples, 2 ranks, batch 2)
+        cfg['train_dataloader']['dataset']['n'] = 16
+        cfg['train_cfg'] = dict(by_epoch=True, max_epochs=max_iters // 4)
+    if workers:  # the model's dropout draws from the main process alone,
+        # whose generators differ by rank (else every rank's equal rank 0's)
+        cfg['train_dataloader'].update(
+            num_workers=workers, persistent_workers=True
+        )
+        cfg['randomness'] = dict(seed=0, diff_rank_seed=True)
     if slow:  # the preemption save is the only checkpoint
         cfg['default_hooks']['checkpoint']['interval'] = 10 * max_iters
     if mode == 'fsdp2':
@@ -179,6 +194,8 @@ def main(way: str, mode: str, work_dir: str, max_iters: str, *rest) -> int:
         'resume' in rest,
         'slow' in rest,
         'jitter' in rest,
+        2 if 'workers' in rest else 0,
+        'epoch' in rest,
     )
     prepare_cpu_distributed(cfg, cfg.launcher)
     # as mmdet's tools/train.py builds it

@@ -236,13 +236,16 @@ class NanGuardHook(Hook):
         """Check the state about to be saved on every rank and handle a
         non-finite one on every rank (call it on every rank, before the
         master-only part of ``save_checkpoint``;
-        :mod:`~mmnanguard.engine.guard.save_agreement`).
+        :mod:`~mmnanguard.engine.guard.save_agreement`); then gather every
+        rank's random generators for the resume record.
 
         Returns:
             bool: Whether an incident was handled.
         """
         self._save_agreed = True
-        return agree_before_save(runner, self.responder, self._traces)
+        handled = agree_before_save(runner, self.responder, self._traces)
+        self._exact_resume.gather_generators()
+        return handled
 
     def before_save_checkpoint(self, runner, checkpoint: dict) -> None:
         """Refuse to write non-finite state; store the guard's state.

@@ -6,6 +6,9 @@ Each checkpoint of a protected run holds, under ``nanguard_resume``:
 
 * ``rng``: the python, numpy, torch (and CUDA) generators of the saving
   process at the moment of the save (:mod:`.rng_record`);
+* ``rng_of_ranks`` (under ``torch.distributed``): every rank's generators,
+  in rank order, gathered on every rank before the master-only write
+  (:meth:`ExactResume.gather_generators`);
 * ``epoch`` and ``trained_in_epoch``: how many batches of the unfinished
   epoch were trained (0 for a save at the end of an epoch).
 
@@ -29,17 +32,18 @@ generators of the process that loads it (:mod:`.batch_seeds`), so a
 resume draws them again with any ``num_workers``.
 
 What is not restored, and said in the log: the main-process generators of
-ranks other than 0 (the checkpoint is saved by rank 0: their draws inside
-the model differ after a resume), and the position of a loop that
+ranks other than 0 when the checkpoint was saved by another number of
+ranks, or without the gather (every rank takes rank 0's: their draws
+inside the model differ after a resume), and the position of a loop that
 overrides mmengine's ``run`` or ``run_epoch`` (resumed as it resumes, its
 batches not seeded).
 """
 
 from dataclasses import dataclass
 from numbers import Integral
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from mmengine.dist import get_rank, get_world_size
+from mmengine.dist import all_gather_object, get_rank, get_world_size
 from mmengine.runner import EpochBasedTrainLoop, IterBasedTrainLoop
 from torch.utils.data import DataLoader
 
@@ -62,10 +66,13 @@ class ResumePoint:
     Args:
         trained_in_epoch (int): Batches of the unfinished epoch trained.
         rng (dict, optional): The generators' state; None: not restored.
+        own_rng (bool): Whether every rank takes its own generators
+            (False: every rank takes rank 0's).
     """
 
     trained_in_epoch: int
     rng: Optional[Dict[str, Any]]
+    own_rng: bool = True
 
 
 #: What a resume that cannot be exact does.
@@ -106,6 +113,7 @@ class ExactResume:
         self._trained_in_epoch = 0
         self._point: Optional[ResumePoint] = None
         self._before_val: Optional[Dict[str, Any]] = None
+        self._of_ranks: Optional[List[Dict[str, Any]]] = None
 
     # -- the run being saved -------------------------------------------------
     def epoch_started(self) -> None:
@@ -116,16 +124,27 @@ class ExactResume:
         """Batch ``batch_idx`` of the epoch was trained."""
         self._trained_in_epoch = batch_idx + 1
 
+    def gather_generators(self) -> None:
+        """Under ``torch.distributed``, on every rank before the
+        master-only part of a save: collect every rank's generators for
+        the record (one ``all_gather_object`` per save)."""
+        if get_world_size() > 1:
+            self._of_ranks = all_gather_object(rng_record(capture_rng_state()))
+
     def record(self, runner: Any, checkpoint: dict) -> None:
         """Put the record into ``checkpoint`` (before it is written)."""
         meta = checkpoint.get('meta') or {}
         epoch = meta.get('epoch', runner.epoch)
         at_epoch_end = epoch == runner.epoch + 1
-        checkpoint[KEY] = dict(
+        record = dict(
             epoch=epoch,
             trained_in_epoch=0 if at_epoch_end else self._trained_in_epoch,
             rng=rng_record(capture_rng_state()),
         )
+        of_ranks, self._of_ranks = self._of_ranks, None
+        if of_ranks is not None:
+            record['rng_of_ranks'] = of_ranks
+        checkpoint[KEY] = record
 
     def before_val(self) -> None:
         """Keep the generators before a validation."""
@@ -162,7 +181,8 @@ class ExactResume:
                 'does, at the first batch of its epoch'
             )
             return
-        rng, problems = rng_state_from_record(record.get('rng'))
+        saved, own = self._saved_generators(runner, where, record)
+        rng, problems = rng_state_from_record(saved)
         for problem in problems:
             runner.logger.warning(
                 f'nanguard: {where}: {KEY}.rng unusable ({problem}); '
@@ -174,7 +194,33 @@ class ExactResume:
                     "differ from the interrupted run's"
                 )
             )
-        self._point = ResumePoint(trained, rng)
+        self._point = ResumePoint(trained, rng, own)
+
+    @staticmethod
+    def _saved_generators(
+        runner: Any, where: str, record: dict
+    ) -> Tuple[Any, bool]:
+        """This rank's generators in ``record`` (rank 0's where the record
+        does not hold every rank's), and whether every rank takes its own."""
+        world, rank = get_world_size(), get_rank()
+        of_ranks = record.get('rng_of_ranks')
+        if world == 1:
+            return record.get('rng'), True
+        if isinstance(of_ranks, list) and len(of_ranks) == world:
+            return of_ranks[rank], True
+        saved = (
+            f'{len(of_ranks)} ranks'
+            if isinstance(of_ranks, list)
+            else 'rank 0 alone'
+        )
+        runner.logger.warning(
+            f'nanguard: {where} holds the generators of {saved}; '
+            f"{world} ranks resume it and every rank takes rank 0's: the "
+            'draws inside the model (dropout) of ranks > 0 differ from the '
+            "interrupted run's (the augmentations are seeded per batch and "
+            'rank, and do not)'
+        )
+        return record.get('rng'), False
 
     def before_train(self, runner: Any) -> None:
         """Number and seed the batches (:mod:`.batch_seeds`); in a resumed
@@ -259,18 +305,12 @@ class ExactResume:
             if point.rng is not None
             else 'random generators NOT restored'
         )
+        if point.rng is not None and get_world_size() > 1:
+            streams += ', each rank its own' if point.own_rng else ", rank 0's"
         runner.logger.info(
             f'nanguard: resumed at iteration {loop.iter}: continues at '
             f'{where} without loading the trained batches; {streams}'
         )
-        if get_world_size() > 1 and point.rng is not None:
-            runner.logger.warning(
-                'nanguard: the checkpoint holds the main-process generators '
-                'of rank 0; every rank takes them, so the draws inside the '
-                'model (dropout) of ranks > 0 differ from the interrupted '
-                "run's (the augmentations are seeded per batch and rank, "
-                'and do not)'
-            )
 
 
 __all__ = ['KEY', 'ExactResume', 'ResumePoint']
