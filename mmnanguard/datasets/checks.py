@@ -166,12 +166,12 @@ def check_image(img: np.ndarray) -> List[Violation]:
         return []
     finite = np.isfinite(img)
     if finite.all():
-        extreme = np.abs(img) >= EXTREME_PIXEL
+        magnitude = np.abs(img)
+        extreme = magnitude >= EXTREME_PIXEL
         if not extreme.any():
             return []
         count = int(extreme.sum())
-        flat = img.reshape(-1)
-        value = float(flat[np.argmax(np.abs(flat))])
+        value = float(img.reshape(-1)[np.argmax(magnitude)])
         return [
             Violation(
                 'image_range',

@@ -27,7 +27,7 @@ import torch
 from exact_resume_runs import differing_tensors, resume_config
 from integration_utils import TRAIN, run_script
 
-from mmnanguard.testing.distributed import free_port
+from mmnanguard.testing.distributed import free_port, torchrun_args
 
 #: launcher -> the iteration after whose checkpoint rank 0 is killed, and
 #: the batch of its epoch the resume continues at
@@ -89,17 +89,7 @@ def _config(tmp_path, name, data_root, launcher) -> str:
 def _train(config, tmp_path, launcher, *extra, kill_at=0):
     args = [TRAIN, config, *extra]
     if launcher != 'none':
-        args = [
-            '-m',
-            'torch.distributed.run',
-            '--nproc_per_node',
-            '2',
-            '--master_port',
-            str(free_port()),
-            *args,
-            '--launcher',
-            launcher,
-        ]
+        args = torchrun_args(2, free_port()) + [*args, '--launcher', launcher]
     env = dict(
         PYTHONPATH=os.pathsep.join(
             [str(tmp_path), os.environ.get('PYTHONPATH', '')]

@@ -12,16 +12,14 @@ import os.path as osp
 from typing import Any, Dict, List, Optional, Tuple
 
 from ..incident import ReportData
+from ..incident.batch_layout import sample_name
 
 Signature = Tuple[str, Optional[str], Tuple[str, ...]]
 
 
 def incident_signature(report: ReportData) -> Signature:
     """``(kind, live stage, sorted sample files)`` of an incident."""
-    files = sorted(
-        str(s.get('img_path') or s.get('seg_map_path') or s.get('img_id'))
-        for s in report.get('samples', [])
-    )
+    files = sorted(sample_name(s) for s in report.get('samples', []))
     stage = (report.get('live') or {}).get('stage') or report.get('stage')
     return report['kind'], stage, tuple(files)
 

@@ -20,6 +20,7 @@ from ..guard.exceptions import (
     raised_stage,
 )
 from ..guard.finite import json_number, total_norm
+from ..guard.forward_buffers import nonfinite_buffers
 from ..guard.rng import capture_rng_state, restore_rng_state
 from .magnitude import first_out_of_range, largest_outputs
 from .probe import ActivationProbe
@@ -201,12 +202,9 @@ def replay_batch(
                 with cast:
                     preprocessed = model.data_preprocessor(batch, True)
                     losses = run_forward(model)(preprocessed, mode='loss')
-                result.nonfinite_buffers = [
-                    name
-                    for name, buffer in model.named_buffers()
-                    if buffer.is_floating_point()
-                    and not bool(torch.isfinite(buffer).all())
-                ]
+                result.nonfinite_buffers = nonfinite_buffers(
+                    model.named_buffers()
+                )
                 loss, log_vars = BaseModel.parse_losses(model, losses)
                 result.loss_terms = {
                     k: json_number(v) for k, v in log_vars.items()

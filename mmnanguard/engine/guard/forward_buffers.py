@@ -14,7 +14,7 @@ copy back when they came out non-finite, so that a skipped step leaves the
 model as it was.
 """
 
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, Iterable, List, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -22,6 +22,17 @@ from torch import Tensor
 from .finite import any_nonfinite
 
 Group = Tuple[torch.device, torch.dtype]
+
+
+def nonfinite_buffers(named: Iterable[Tuple[str, Tensor]]) -> List[str]:
+    """The names of the non-finite floating buffers of ``named`` (one host
+    read per buffer: for an incident or a replay only)."""
+    return [
+        name
+        for name, buffer in named
+        if buffer.is_floating_point()
+        and not bool(torch.isfinite(buffer).all())
+    ]
 
 
 class ForwardBuffers:
@@ -35,6 +46,8 @@ class ForwardBuffers:
     def __init__(self, named: Dict[str, Tensor]) -> None:
         self.names = list(named)
         self.buffers = [named[n] for n in self.names]
+        #: The buffers the check reads.
+        self.floating = [b for b in self.buffers if b.is_floating_point()]
         self._groups: Dict[Group, List[int]] = {}
         for index, buffer in enumerate(self.buffers):
             key = (buffer.device, buffer.dtype)
@@ -51,11 +64,6 @@ class ForwardBuffers:
             for key, indices in self._groups.items()
         }
         self._saved: Dict[Group, Tensor] = {}
-
-    @property
-    def floating(self) -> List[Tensor]:
-        """The buffers the check reads."""
-        return [b for b in self.buffers if b.is_floating_point()]
 
     @torch.no_grad()
     def save(self) -> None:
@@ -78,11 +86,7 @@ class ForwardBuffers:
     def nonfinite(self) -> List[str]:
         """The names of the non-finite floating buffers (one host read per
         buffer: for an incident only)."""
-        return [
-            name
-            for name, buffer in zip(self.names, self.buffers)
-            if buffer.is_floating_point() and not torch.isfinite(buffer).all()
-        ]
+        return nonfinite_buffers(zip(self.names, self.buffers))
 
     @torch.no_grad()
     def restore(self) -> List[str]:

@@ -33,13 +33,11 @@ from ..guard.exceptions import (
 )
 from ..guard.report import samples_of
 from ..guard.step_guard import StepGuard
+from ..incident.batch_layout import sample_name
 
 
 def _files(data_batch: Any) -> List[str]:
-    return [
-        str(s.get('img_path') or s.get('seg_map_path') or s.get('img_id'))
-        for s in samples_of(data_batch)
-    ]
+    return [sample_name(s) for s in samples_of(data_batch)]
 
 
 class NumericalErrors:
@@ -85,11 +83,11 @@ class NumericalErrors:
         Returns:
             dict: No log vars (the iteration logged nothing).
         """
+        if get_world_size() > 1:
+            raise err
         stage = raised_stage(err)
         what = describe_error(err)
         iteration = self.step_guard.iteration
-        if get_world_size() > 1:
-            raise err
         num_classes, ignore_index = model_classes(self.model)
         findings = check_batch(
             data, None, num_classes, ignore_index, ann_file=self.ann_file

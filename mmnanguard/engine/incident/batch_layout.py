@@ -173,6 +173,17 @@ def sample_sources(data: Any) -> List[Dict[str, Any]]:
     ]
 
 
+def sample_name(source: Mapping) -> str:
+    """The name that tells a sample apart: its ``img_path``, else its
+    ``seg_map_path``, else its ``img_id`` (a source of
+    :func:`sample_sources`)."""
+    return str(
+        source.get('img_path')
+        or source.get('seg_map_path')
+        or source.get('img_id')
+    )
+
+
 def target_tensors(data: Any) -> List[Any]:
     """The ground-truth box tensors of a batch, read from nothing but the
     Python structure (no device read).
@@ -258,6 +269,7 @@ __all__ = [
     'KeepSampleNames',
     'SOURCE_KEYS',
     'keep_sample_names',
+    'sample_name',
     'sample_records',
     'sample_sources',
     'target_tensors',
