@@ -1,7 +1,9 @@
 # Copyright (c) mmnanguard contributors. All rights reserved.
 """Scan a dataset through its config's dataset and pipeline for annotations
 that turn into NaN: degenerate or non-finite boxes, angles on the boundary,
-labels outside the vocabulary, stray segmentation values.
+labels outside the vocabulary, stray segmentation values, and, when the
+model has a CTC loss, text labels it cannot align to the recognizer's
+output (each sample through the pipeline and the model's loss forward).
 
 Usage::
 
@@ -19,6 +21,7 @@ from typing import List, Optional
 
 import mmnanguard  # noqa: F401  (stack mends before mmrotate is imported)
 from mmnanguard.analysis.cli import KeyValueAction, load_config, usage_error
+from mmnanguard.analysis.ctc_dataset_check import CtcAlignmentCheck
 from mmnanguard.datasets.scan import DatasetScan, format_report
 from mmnanguard.optional import MissingPackageError
 
@@ -78,15 +81,19 @@ def main(argv: Optional[List[str]] = None) -> int:
     if cfg is None:
         return usage_error(PROG, error)
     try:
+        ctc, ctc_unknown = CtcAlignmentCheck.from_config(cfg)
         scan = DatasetScan(
             cfg,
             split=args.split,
             augment_repeats=args.augment_repeats,
             min_size=args.min_size,
             seed=args.seed,
+            sample_checks=[ctc] if ctc is not None else [],
         )
     except (ValueError, FileNotFoundError, MissingPackageError) as err:
         return usage_error(PROG, str(err))
+    if ctc_unknown:
+        scan.not_checked.append(ctc_unknown)
     report = scan.run(progress=not args.no_progress)
     report['config'] = args.config
     print(format_report(report, max_rows=args.max_rows))

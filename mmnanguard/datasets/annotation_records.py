@@ -1,6 +1,7 @@
 # Copyright (c) mmnanguard contributors. All rights reserved.
-"""Name the record behind an instance: the annotation id in a COCO json,
-the object in a VOC xml.
+"""Name the record behind an instance: the annotation id in a COCO json
+(with its box as written and the image size the json declares), the
+object in a VOC xml.
 
 An instance reaches the model by its index in ``gt_instances``; the user
 fixes the record in the annotation file. Both readers follow the order
@@ -16,7 +17,7 @@ import os.path as osp
 import xml.etree.ElementTree as ET
 from functools import lru_cache
 from numbers import Real
-from typing import Any, Dict, List, Optional, Tuple, cast
+from typing import Any, Dict, List, NamedTuple, Optional, Tuple, cast
 
 #: Largest annotation json read to name a record. The diagnosis runs in
 #: the training process: a json takes several times its size in memory
@@ -24,9 +25,25 @@ from typing import Any, Dict, List, Optional, Tuple, cast
 #: the image alone is named.
 MAX_JSON_BYTES = 256 << 20
 
-#: ``(annotation id, iscrowd)`` of the records mmdet keeps of one image,
-#: in file order.
-_Kept = List[Tuple[Any, bool]]
+#: ``(annotation id, iscrowd, bbox)`` of the records mmdet keeps of one
+#: image, in file order.
+_Kept = List[Tuple[Any, bool, List[float]]]
+
+
+class CocoRecord(NamedTuple):
+    """One annotation of a COCO json, as written.
+
+    Attributes:
+        ann_id: Its ``id``.
+        bbox (list[float]): Its ``bbox``, ``[x, y, w, h]``.
+        declared_shape (tuple | None): ``(height, width)`` of its image as
+            the json's ``images`` entry declares it (mmdet's filter of
+            boxes outside the image uses these), None when not numbers.
+    """
+
+    ann_id: Any
+    bbox: List[float]
+    declared_shape: Optional[Tuple[float, float]]
 
 
 def _number(value: Any) -> Optional[float]:
@@ -82,18 +99,20 @@ def _coco_index(
         width, height, kept = index[img_id]
         crowd = _kept_as_crowd(ann, width, height)
         if crowd is not None:
-            kept.append((ann.get('id'), crowd))
+            bbox = [float(v) for v in ann['bbox']]
+            kept.append((ann.get('id'), crowd, bbox))
     return index
 
 
-def coco_annotation_id(
+def coco_annotation(
     ann_file: str,
     img_id: Any,
     index: int,
     num_instances: int,
     with_ignored: bool = False,
-) -> Optional[Any]:
-    """The ``id`` of instance ``index`` of image ``img_id`` in a COCO json.
+) -> Optional[CocoRecord]:
+    """The record of instance ``index`` of image ``img_id`` in a COCO
+    json.
 
     mmdet keeps an image's annotations in file order, without the ones it
     drops (``ignore``, a box outside the image, area <= 0, a side < 1, a
@@ -111,9 +130,9 @@ def coco_annotation_id(
             ``PackDetInputs``). Defaults to False.
 
     Returns:
-        The annotation id, or None when the file is not a ``.json`` (or is
-        a link), cannot be read, is not a COCO json, or keeps another
-        number of records for the image.
+        CocoRecord | None: The annotation, or None when the file is not a
+        ``.json`` (or is a link), cannot be read, is not a COCO json, or
+        keeps another number of records for the image.
     """
     if not isinstance(ann_file, str) or not ann_file.endswith('.json'):
         return None
@@ -132,7 +151,25 @@ def coco_annotation_id(
     kept = [r for r in entry[2] if with_ignored or not r[1]]
     if len(kept) != num_instances or not 0 <= index < len(kept):
         return None
-    return kept[index][0]
+    ann_id, _, bbox = kept[index]
+    width, height = _number(entry[0]), _number(entry[1])
+    declared = None if width is None or height is None else (height, width)
+    return CocoRecord(ann_id, bbox, declared)
+
+
+def coco_annotation_id(
+    ann_file: str,
+    img_id: Any,
+    index: int,
+    num_instances: int,
+    with_ignored: bool = False,
+) -> Optional[Any]:
+    """The ``id`` of :func:`coco_annotation`'s record (same arguments), or
+    None."""
+    record = coco_annotation(
+        ann_file, img_id, index, num_instances, with_ignored
+    )
+    return None if record is None else record.ann_id
 
 
 def voc_object_box(xml_file: str, position: int) -> Optional[List[float]]:

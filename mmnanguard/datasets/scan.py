@@ -19,7 +19,7 @@ import copy
 import random
 import time
 from collections import Counter
-from typing import Any, Dict, List, Optional, Set, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
 import numpy as np
 import torch
@@ -29,46 +29,10 @@ from mmengine.utils import ProgressBar
 
 from mmnanguard.optional import require_packages
 
-from .annotation_records import (
-    annotation_file_of,
-    coco_annotation_id,
-    voc_object_index,
-)
+from .annotation_records import coco_annotation_id, voc_object_index
 from .dota_annfile import ANN_FILE_KEY, ANN_LINES_KEY, load_dota_data_list
+from .scan_leaves import ScanLeaf, describe_leaves, leaf_of, scan_leaves
 from .transforms.validate_annotations import check_results
-
-#: Class names of the transforms that make up the loading stage.
-LOADING_TRANSFORMS = ('ConvertBoxType', 'ConvertMask2BoxType')
-
-
-def is_loading_transform(transform: Any) -> bool:
-    """Whether ``transform`` belongs to the loading stage."""
-    name = type(transform).__name__
-    return name.startswith('Load') or name in LOADING_TRANSFORMS
-
-
-def split_pipeline(transforms: List[Any]) -> Tuple[List[Any], List[Any]]:
-    """Split a built pipeline into loading and augmentation transforms.
-
-    Args:
-        transforms (list): ``dataset.pipeline.transforms``.
-
-    Returns:
-        tuple: ``(loading, augment)``: the leading loading transforms, and
-        the rest without ``Pack*`` and ``ValidateAnnotations``.
-    """
-    loading = []
-    for transform in transforms:
-        if not is_loading_transform(transform):
-            break
-        loading.append(transform)
-    augment = [
-        t
-        for t in transforms[len(loading) :]
-        if not type(t).__name__.startswith('Pack')
-        and type(t).__name__ != 'ValidateAnnotations'
-    ]
-    return loading, augment
 
 
 def build_scan_dataset(
@@ -199,6 +163,13 @@ class DatasetScan:
             only loads.
         min_size (float): ``ValidateAnnotations.min_size``.
         seed (int): Seed of the augmentation runs.
+        sample_checks (Sequence): Checks of a sample's packed pipeline
+            output, each with a ``kind`` and ``check(packed)`` returning
+            one dict per problem (``img_path``, ``line``), ``checked`` and
+            ``error`` (e.g. the CTC label lengths of
+            :class:`~mmnanguard.analysis.ctc_dataset_check.CtcAlignmentCheck`).
+            Each sample then runs through the whole pipeline once (the
+            first augmentation run when there are some).
     """
 
     def __init__(
@@ -208,49 +179,58 @@ class DatasetScan:
         augment_repeats: int = 0,
         min_size: float = 1.0,
         seed: int = 0,
+        sample_checks: Sequence[Any] = (),
     ) -> None:
         if augment_repeats < 0:
             raise ValueError(
                 f'augment_repeats must be >= 0, got ' f'{augment_repeats}'
             )
         self.cfg = cfg
+        self.sample_checks = list(sample_checks)
         self.split = split
         self.augment_repeats = augment_repeats
         self.seed = seed
         self.dataset, self.problems, self.upstream_error = build_scan_dataset(
             cfg, split
         )
-        self.loading, self.augment = split_pipeline(
-            self.dataset.pipeline.transforms
-        )
-        classes = (self.dataset.metainfo or {}).get('classes')
+        self.leaves, wrapper_notes = scan_leaves(self.dataset)
         #: What the scan cannot check on this dataset, and why.
-        self.not_checked: List[str] = []
-        if not classes:
-            self.not_checked.append(
-                'label and segmentation value ranges: '
-                f"{type(self.dataset).__name__}.metainfo names no 'classes'"
-            )
-        self.check_args = dict(
-            num_classes=len(classes) if classes else None,
-            min_size=min_size,
-            angle_version=cfg.get('angle_version'),
-            ignore_index=getattr(self.dataset, 'ignore_index', 255),
-        )
+        self.not_checked: List[str] = list(wrapper_notes)
+        for leaf in self.leaves:
+            if leaf.num_classes is None:
+                self.not_checked.append(
+                    'label and segmentation value ranges: '
+                    f'{type(leaf.dataset).__name__}.metainfo names no '
+                    "'classes'"
+                )
+        self.min_size = min_size
+        #: The samples scanned: those of the datasets that load (a
+        #: ``RepeatDataset`` of 3 adds none).
+        self.num_samples = sum(len(leaf.dataset) for leaf in self.leaves)
         self.num_instances = 0
         self.num_skipped = 0
-        #: The dataset's annotation file: where it is a COCO json,
-        #: problems found while loading name their annotation id.
-        self.ann_file = annotation_file_of(self.dataset)
+
+    def _check_args(self, leaf: ScanLeaf) -> Dict[str, Any]:
+        return dict(
+            num_classes=leaf.num_classes,
+            min_size=self.min_size,
+            angle_version=self.cfg.get('angle_version'),
+            ignore_index=getattr(leaf.dataset, 'ignore_index', 255),
+        )
 
     def _record(
-        self, results: Dict[str, Any], stage: str, loading: bool, seen: set
+        self,
+        leaf: ScanLeaf,
+        results: Dict[str, Any],
+        stage: str,
+        loading: bool,
+        seen: set,
     ) -> None:
         violations = check_results(
-            results, negative_coords=loading, **self.check_args
+            results, negative_coords=loading, **self._check_args(leaf)
         )
         for v in violations:
-            file, line, record = _locate(results, v, loading, self.ann_file)
+            file, line, record = _locate(results, v, loading, leaf.ann_file)
             # loading stages: one entry per (line, check) over all stages
             place = '' if loading else stage
             key = (file, line, record, v.index, v.check, place)
@@ -292,36 +272,84 @@ class DatasetScan:
 
     def scan_sample(self, idx: int) -> None:
         """Check sample ``idx`` (loading stage, then the repeats)."""
-        data_info = self.dataset.get_data_info(idx)
+        leaf, local = leaf_of(self.leaves, idx)
+        data_info = leaf.dataset.get_data_info(local)
         self.num_instances += len(data_info.get('instances', []))
         results = data_info
         seen: Set[Tuple[Any, ...]] = set()
-        for transform in self.loading:
+        for transform in leaf.loading:
             stage = type(transform).__name__
             try:
                 results = transform(results)
             except Exception as err:  # reported as a problem, not masked
                 self._error(results, stage, err)
                 return
-            self._record(results, stage, True, seen)
-        for r in range(self.augment_repeats):
-            _seed(self.seed + r * len(self.dataset) + idx)
-            out = copy.deepcopy(results)
-            stage = f'augment[{r}]'
-            for transform in self.augment:
-                try:
-                    out = transform(out)
-                except Exception as err:  # reported as a problem
-                    self._error(
-                        results, f'{stage} {type(transform).__name__}', err
-                    )
-                    out = None
-                    break
-                if out is None:
-                    self.num_skipped += 1
-                    break
-            if out is not None:
-                self._record(out, stage, False, seen)
+            self._record(leaf, results, stage, True, seen)
+        first = None
+        for r in range(max(self.augment_repeats, bool(self.sample_checks))):
+            out = self._augmented(leaf, results, r, idx)
+            if out is not None and r < self.augment_repeats:
+                self._record(leaf, out, f'augment[{r}]', False, seen)
+            if r == 0:
+                first = out
+        packed = self._packed(leaf, first) if first is not None else None
+        if packed is not None:
+            for check in self.sample_checks:
+                self._record_sample_check(check, packed)
+
+    def _augmented(
+        self, leaf: ScanLeaf, results: Dict[str, Any], r: int, idx: int
+    ) -> Optional[Dict[str, Any]]:
+        """Augmentation run ``r`` of sample ``idx`` (seeded), or None when
+        a transform dropped the sample or raised (recorded)."""
+        _seed(self.seed + r * self.num_samples + idx)
+        out: Optional[Dict[str, Any]] = copy.deepcopy(results)
+        stage = f'augment[{r}]'
+        for transform in leaf.augment:
+            try:
+                out = transform(out)
+            except Exception as err:  # reported as a problem
+                name = type(transform).__name__
+                self._error(results, f'{stage} {name}', err)
+                return None
+            if out is None:
+                # the run for the sample checks alone is not counted
+                self.num_skipped += r < self.augment_repeats
+                return None
+        return out
+
+    def _packed(
+        self, leaf: ScanLeaf, results: Dict[str, Any]
+    ) -> Optional[Dict[str, Any]]:
+        """``results`` through the leaf's ``Pack*`` transforms (what the
+        model receives), or None when packing raised (recorded)."""
+        out: Optional[Dict[str, Any]] = copy.deepcopy(results)
+        for transform in leaf.packing:
+            try:
+                out = transform(out)
+            except Exception as err:  # reported as a problem
+                self._error(results, type(transform).__name__, err)
+                return None
+        return out
+
+    def _record_sample_check(self, check: Any, packed: Dict[str, Any]) -> None:
+        for found in check.check(packed):
+            self.problems.append(
+                dict(
+                    kind=check.kind,
+                    file=found.get('img_path') or '',
+                    line=None,
+                    record=None,
+                    instance=None,
+                    stage='model forward',
+                    values=[
+                        found.get('target_length'),
+                        found.get('frames_needed'),
+                        found.get('frames'),
+                    ],
+                    detail=found['line'],
+                )
+            )
 
     def run(self, progress: bool = True) -> Dict[str, Any]:
         """Scan every sample.
@@ -334,7 +362,7 @@ class DatasetScan:
         """
         import sys
 
-        num = len(self.dataset)
+        num = self.num_samples
         bar = ProgressBar(num, file=sys.stderr) if progress else None
         start = time.perf_counter()
         for idx in range(num):
@@ -356,7 +384,14 @@ class DatasetScan:
             split=self.split,
             dataset=type(self.dataset).__name__,
             augment_repeats=self.augment_repeats,
-            loading_transforms=[type(t).__name__ for t in self.loading],
+            loading_transforms=list(
+                dict.fromkeys(
+                    type(t).__name__
+                    for leaf in self.leaves
+                    for t in leaf.loading
+                )
+            ),
+            **describe_leaves(self.leaves),
             num_samples=num,
             num_instances=self.num_instances,
             num_skipped_by_pipeline=self.num_skipped,
@@ -364,7 +399,9 @@ class DatasetScan:
             images_per_second=num / seconds if seconds > 0 else None,
             upstream_load_error=self.upstream_error,
             counts=dict(Counter(p['kind'] for p in self.problems)),
-            not_checked=self.not_checked,
+            not_checked=self.not_checked
+            + [c.error for c in self.sample_checks if c.error],
+            sample_checks={c.kind: c.checked for c in self.sample_checks},
             problems=self.problems,
         )
 
@@ -392,6 +429,10 @@ def format_report(report: Dict[str, Any], max_rows: int = 100) -> str:
             f"{report['dataset']} itself cannot load this folder: "
             f"{report['upstream_load_error']}"
         )
+    lines += [
+        f'Also checked: {kind}, {count} sample(s) through the model'
+        for kind, count in (report.get('sample_checks') or {}).items()
+    ]
     lines += [f'Not checked: {text}' for text in report.get('not_checked', [])]
     if not problems:
         return '\n'.join(lines + ['No problems found.'])

@@ -27,8 +27,8 @@ from mmnanguard.datasets.checks import Violation
 from mmnanguard.datasets.scan import _locate
 from mmnanguard.engine.diagnosis.batch_checks import (
     check_batch,
-    describe_finding,
 )
+from mmnanguard.engine.diagnosis.finding_words import describe_finding
 from mmnanguard.engine.diagnosis.remedy import _data_remedy
 
 
@@ -231,3 +231,53 @@ def test_every_voc_instance_is_found_in_its_object(tmp_path):
     broken = tmp_path / 'broken.xml'
     broken.write_text('<annotation><object>')
     assert voc_object_index(str(broken), 0, 1) is None
+
+
+def test_a_coco_box_kept_by_a_wrong_declared_size_is_named_clipped(tmp_path):
+    """The json declares image 1 as 512x512; its file is 256x256. mmdet
+    keeps a box at x 300..340 (inside the declared image) and ``Resize``
+    clips it to zero width at the right border: the report gives the box
+    as the json writes it and both sizes."""
+    written = generate_coco(str(tmp_path), num_images=2, seed=0)
+    ann_file = written['ann_file']
+    with open(ann_file) as f:
+        coco = json.load(f)
+    (image,) = [i for i in coco['images'] if i['id'] == 1]
+    real = (image['height'], image['width'])
+    assert real == (256, 256)
+    image.update(width=512, height=512)
+    ann_id = max(a['id'] for a in coco['annotations']) + 1
+    coco['annotations'].append(
+        dict(
+            id=ann_id,
+            image_id=1,
+            category_id=1,
+            bbox=[300, 10, 40, 40],
+            area=1600,
+            iscrowd=0,
+        )
+    )
+    with open(ann_file, 'w') as f:
+        json.dump(coco, f)
+    dataset = _coco_dataset(tmp_path, ann_file)
+    k = [dataset[j]['data_samples'].img_id for j in range(2)].index(1)
+    findings = check_batch(pseudo_collate([dataset[k]]), ann_file=ann_file)
+    (found,) = findings
+    assert found['check'] == 'hbox_size' and found['ann_id'] == ann_id
+    assert found['values'] == [256.0, 10.0, 256.0, 50.0]
+    assert found['clipped_at'] == 'right'
+    assert found['raw'] == [300.0, 10.0, 40.0, 40.0]
+    assert found['declared_shape'] == [512, 512]
+    assert found['ori_shape'] == [256, 256]
+    line = describe_finding(found)
+    assert f'annotation id {ann_id}' in line
+    assert 'box outside the image, clipped to zero size at its right' in line
+    assert (
+        'the box (annotated as x, y, w, h = 300, 10, 40, 40) lies outside'
+        in line
+    )
+    assert 'declares the image 512x512, the file is 256x256' in line
+    remedy = _data_remedy(found)
+    assert '(300.0, 10.0, 40.0, 40.0), x, y, w, h)' in remedy[0]
+    assert 'declares this image as 512x512' in remedy[1]
+    assert '`width` and `height` of its `images` entry' in remedy[1]

@@ -16,8 +16,8 @@ from mmnanguard.datasets.transforms.validate_annotations import check_results
 from mmnanguard.engine.diagnosis.batch_checks import (
     check_batch,
     clipped_side,
-    describe_finding,
 )
+from mmnanguard.engine.diagnosis.finding_words import describe_finding
 from mmnanguard.engine.diagnosis.remedy import _data_remedy
 
 PIPELINE = [

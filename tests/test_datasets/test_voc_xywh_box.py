@@ -12,8 +12,8 @@ from mmengine.registry import init_default_scope
 
 from mmnanguard.engine.diagnosis.batch_checks import (
     check_batch,
-    describe_finding,
 )
+from mmnanguard.engine.diagnosis.finding_words import describe_finding
 
 XML = """<annotation>
   <filename>{name}.jpg</filename>

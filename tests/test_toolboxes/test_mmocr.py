@@ -269,6 +269,18 @@ def test_crnn_unalignable_label(tmp_path):
         and '`model.decoder.module_loss.zero_infinity=True`' in line
         for line in remedy
     ), remedy
+    # the replay names the word CTC cannot align: its file, its text, the
+    # frames its cut target needs (26 labels + 8 repeated neighbours) and
+    # the 26 CRNN has
+    (entry,) = report['evidence']['replay']['ctc_unaligned']
+    assert (entry['img_path'], entry['text']) == (bad_file, UNALIGNABLE)
+    assert entry['module'] == 'decoder.module_loss.ctc_loss'
+    assert (entry['target_length'], entry['frames_needed']) == (26, 34)
+    assert entry['frames'] == CRNN_SEQ_LEN
+    assert any(
+        line.startswith('CTC cannot align 1 sample(s)') and bad_file in line
+        for line in remedy
+    ), remedy
     # the batch's files, the word's among them
     files = [s['img_path'] for s in report['samples']]
     assert files == [
@@ -288,3 +300,41 @@ def test_crnn_unalignable_label(tmp_path):
     assert tensors_all_finite(checkpoint['state_dict'])
     assert tensors_all_finite(checkpoint['optimizer'])
     assert checkpoint['nanguard']['counters']['skipped'] == 1
+
+
+def test_check_dataset_finds_the_label_ctc_cannot_align(tmp_path, capsys):
+    """``tools/check_dataset.py`` on the shrunk CRNN config: every word
+    goes through the pipeline and CRNN's loss forward; the one whose CTC
+    target needs 34 frames of the 26 is the only problem, named by its
+    file and text."""
+    import importlib.util
+
+    from mmengine.config import Config
+
+    from mmnanguard import cli
+
+    spec = importlib.util.spec_from_file_location(
+        'check_dataset', cli.tool_path('check_dataset')
+    )
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    root = str(tmp_path / 'data')
+    words = WORDS[:5] + [UNALIGNABLE]
+    paths = write_textrecog_set(root, words)
+    cfg = Config.fromfile(upstream_config('mmocr', CRNN))
+    shrink_crnn(root)(cfg)
+    config = str(tmp_path / 'crnn.py')
+    cfg.dump(config)
+    out = str(tmp_path / 'scan.json')
+    code = tool.main([config, '--no-progress', '--out', out])
+    stdout = capsys.readouterr().out
+    assert code == 1, stdout
+    with open(out) as f:
+        report = json.load(f)
+    assert report['sample_checks'] == dict(ctc_alignment=len(words))
+    (problem,) = report['problems']
+    assert problem['kind'] == 'ctc_alignment'
+    assert problem['file'] == paths[-1]
+    assert problem['values'] == [26, 34, CRNN_SEQ_LEN]
+    assert f'text {UNALIGNABLE!r}' in problem['detail']
+    assert 'Also checked: ctc_alignment, 6 sample(s)' in stdout

@@ -70,3 +70,26 @@ def test_classifier_protected(config, shrink, tmp_path, tiny_image_folder):
     report = check_protected_run(run)
     groups = run['runner'].optim_wrapper.optimizer.param_groups
     assert len(report['history'][-1]['lrs']) == len(groups)
+
+
+def test_a_label_beyond_num_classes_is_named(tmp_path, tiny_image_folder):
+    """The head is given 2 classes, the folder has 3: mmpretrain's own
+    ``CrossEntropyLoss`` (found by its values, not its name) refuses label
+    2 before the loss runs, naming the value and the module."""
+    from mmnanguard.models.losses import InvalidLabelError
+
+    def shrink(cfg):
+        shrink_resnet(cfg, tiny_image_folder)
+        cfg.model.head.num_classes = 2
+        cfg.data_preprocessor.num_classes = 2
+
+    with pytest.raises(InvalidLabelError) as err:
+        train_protected(
+            tmp_path,
+            upstream_config('mmpretrain', CONFIGS[0][0]),
+            shrink,
+            fault=None,
+        )
+    message = str(err.value)
+    assert 'label value 2 is outside [0, 2)' in message
+    assert 'CrossEntropyLoss at model.head.loss_module' in message

@@ -185,8 +185,10 @@ def test_cityscapes_clean_exit_zero(tool, tiny_cityscapes_root, tmp_path):
     assert report['num_samples'] == 4 and report['problems'] == []
 
 
-def test_coco_negative_coordinate_instance(tool, tmp_path):
-    root = str(tmp_path / 'coco')
+def coco_with_negative_box(root):
+    """The tiny COCO set with a box of negative x (annotation 999, image
+    2's last); returns ``generate_coco``'s paths and the box's instance
+    index."""
     written = generate_coco(root, num_images=3, seed=0)
     with open(written['ann_file']) as f:
         coco = json.load(f)
@@ -203,6 +205,12 @@ def test_coco_negative_coordinate_instance(tool, tmp_path):
     )
     with open(written['ann_file'], 'w') as f:
         json.dump(coco, f)
+    return written, index
+
+
+def test_coco_negative_coordinate_instance(tool, tmp_path):
+    root = str(tmp_path / 'coco')
+    written, index = coco_with_negative_box(root)
     code, report = run(tool, tmp_path, TINY_COCO_CONFIG, root)
     assert code == 1
     (problem,) = report['problems']

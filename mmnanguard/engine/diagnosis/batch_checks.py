@@ -15,7 +15,8 @@ import torch
 from torch import nn
 
 from mmnanguard.datasets.annotation_records import (
-    coco_annotation_id,
+    CocoRecord,
+    coco_annotation,
     voc_object_box,
     voc_object_index,
 )
@@ -220,6 +221,20 @@ def clipped_side(box: Any, img_shape: Any) -> Optional[str]:
     return None
 
 
+def _coco_raw(coco: CocoRecord, ori_shape: Any) -> Dict[str, Any]:
+    """The box as the json writes it (``[x, y, w, h]``) and, when the json
+    declares another size for the image than the file has, that size
+    (mmdet keeps a box by the declared size, clips it to the real one)."""
+    out: Dict[str, Any] = dict(raw=coco.bbox, raw_form='x, y, w, h')
+    declared = coco.declared_shape
+    if declared is not None and ori_shape is not None and len(ori_shape) >= 2:
+        real = (float(ori_shape[0]), float(ori_shape[1]))
+        if real != declared:
+            out['declared_shape'] = [int(declared[0]), int(declared[1])]
+            out['ori_shape'] = [int(real[0]), int(real[1])]
+    return out
+
+
 def _check_record(
     i: int,
     record: Dict[str, Any],
@@ -260,11 +275,13 @@ def _check_record(
                 if side is not None and found.get('object'):
                     found['raw'] = voc_object_box(xml, found['object'])
             elif ann_file and v.index is not None:
-                ann_id = coco_annotation_id(
+                coco = coco_annotation(
                     ann_file, source.get('img_id'), v.index, len(boxes)
                 )
-                if ann_id is not None:
-                    found.update(annfile=ann_file, ann_id=ann_id)
+                if coco is not None:
+                    found.update(annfile=ann_file, ann_id=coco.ann_id)
+                    if side is not None:
+                        found.update(_coco_raw(coco, record.get('ori_shape')))
             out.append(found)
     if num_classes is None:
         return out
@@ -285,94 +302,3 @@ def _check_record(
             for v in check_seg_map(seg_np, num_classes, ignore_index)
         ]
     return out
-
-
-#: Plain words for each check of :mod:`mmnanguard.datasets.checks`.
-CHECK_WORDS = dict(
-    image_finite='non-finite pixels',
-    image_range='pixels of extreme magnitude (count, value)',
-    hbox_finite='box with a non-finite coordinate (x1, y1, x2, y2)',
-    hbox_size='zero-size box (x1, y1, x2, y2)',
-    rbox_finite='rotated box with a non-finite value (cx, cy, w, h, t)',
-    rbox_size='zero-size rotated box (cx, cy, w, h, t)',
-    qbox_finite='quadrilateral with a non-finite coordinate',
-    qbox_area='zero-area quadrilateral',
-    label_range='label out of range',
-    seg_values='stray segmentation values',
-)
-
-
-def _fmt_value(value: Any) -> str:
-    return f'{value:.4g}' if isinstance(value, float) else str(value)
-
-
-def record_place(found: Dict[str, Any], short: bool = False) -> str:
-    """Where a finding lives: the annotation file and the record in it
-    (DOTA line, VOC object, COCO annotation id, with the image), else the
-    image or the segmentation map, else the batch sample.
-
-    Args:
-        found (dict): A finding of :func:`check_batch`.
-        short (bool): File names without their folders, but for an
-            annotation file's own folder (``Annotations/NAME.xml``,
-            ``annotations/train.json``).
-    """
-    where = str(
-        found.get('annfile')
-        or found.get('img_path')
-        or found.get('seg_map_path')
-        or f"sample {found['sample']}"
-    )
-    if short:
-        parent = osp.basename(osp.dirname(where))
-        where = (
-            osp.join(parent, osp.basename(where))
-            if where.endswith(('.xml', '.json'))
-            else osp.basename(where)
-        )
-    if found.get('line'):
-        where += f" line {found['line']}"
-    if found.get('object'):
-        where += f" object {found['object']}"
-    if found.get('ann_id') is not None:
-        image = found.get('img_path')
-        image = osp.basename(str(image)) if short and image else image
-        where += f" annotation id {found['ann_id']}"
-        if image:
-            where += f' (image {image})'
-    return where
-
-
-def describe_finding(found: Dict[str, Any]) -> str:
-    """One line: file (and record), instance, check, values, detail."""
-    where = record_place(found, short=True)
-    inst = '' if found.get('index') is None else f", instance {found['index']}"
-    values = ', '.join(_fmt_value(v) for v in found.get('values', []))
-    words = CHECK_WORDS.get(found['check'], found['check'])
-    if str(found.get('detail', '')).startswith('inverted box'):
-        words = words.replace('zero-size ', 'inverted ')
-    side = found.get('clipped_at')
-    if side:
-        words = words.replace(
-            'zero-size box',
-            f'box outside the image, clipped to zero size at its {side} '
-            'border',
-        )
-    if found['index'] is not None:  # an instance: show its values
-        words += f' = ({values})'
-    if side:
-        height, width = found['img_shape']
-        raw = found.get('raw')
-        annotated = (
-            f" ({', '.join(_fmt_value(v) for v in raw)} as annotated)"
-            if raw
-            else ''
-        )
-        words += (
-            f' in the {width}x{height} image after the pipeline; the box'
-            f'{annotated} lies outside the image'
-        )
-    return (
-        f"{where} (batch sample {found['sample']}{inst}): {words}: "
-        f"{found['detail']} [check {found['check']}]"
-    )

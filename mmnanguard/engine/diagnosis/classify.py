@@ -47,8 +47,8 @@ Causes, in the order they are tested:
 from typing import Any, Dict, List, Optional
 
 from ..incident import Cause, IncidentKind, ReportData
-from .batch_checks import describe_finding
 from .explosion import grad_norm_growth, loss_growth, lr_off_schedule
+from .finding_words import describe_finding
 from .replay import ReplayResult
 from .tree import describe_values
 

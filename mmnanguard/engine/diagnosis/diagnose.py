@@ -24,6 +24,7 @@ from ..incident import (
 )
 from .batch_checks import check_batch, model_classes
 from .classify import classify
+from .ctc_alignment import name_samples
 from .drop_ins import box_coders, loss_modules, module_entry
 from .outcome import Diagnosis
 from .remedy import remedies
@@ -130,6 +131,9 @@ def diagnose(
         model, batch['data_batch'], rng_state, amp_dtype, loss_scale, anomaly
     )
     replay = first['result']
+    replay.ctc_unaligned = name_samples(
+        replay.ctc_unaligned, batch['data_batch']
+    )
     fp32 = None
     if amp_dtype is not None and fp32_replay:
         fp32 = replay_batch(

@@ -6,8 +6,9 @@ from typing import Any, Dict, List, Optional
 from mmnanguard.datasets.checks import IMAGE_CHECKS
 
 from ..incident import Cause, Stage
-from .batch_checks import record_place
+from .ctc_alignment import describe_unaligned
 from .drop_ins import SAFE_MODULES_INCLUDE
+from .finding_words import record_place
 from .replay import ReplayResult
 
 
@@ -31,13 +32,28 @@ def _data_remedy(finding: Dict[str, Any]) -> List[str]:
         )
     elif finding.get('clipped_at'):
         raw = finding.get('raw')
-        annotated = f' (annotated as {tuple(raw)})' if raw else ''
+        form = finding.get('raw_form')
+        annotated = (
+            f' (annotated as {tuple(raw)}' + (f', {form})' if form else ')')
+            if raw
+            else ''
+        )
         lines.append(
             f'The box in `{where}`{annotated} lies outside its image: the '
             "pipeline clips it to zero size at the image's "
             f"{finding['clipped_at']} border. Fix its coordinates or "
             'delete it.'
         )
+        declared = finding.get('declared_shape')
+        if declared:
+            real = finding['ori_shape']
+            lines.append(
+                f'The annotation file declares this image as '
+                f'{declared[1]}x{declared[0]} (width x height) but the '
+                f'image file is {real[1]}x{real[0]}: fix the `width` and '
+                '`height` of its `images` entry (the box was kept by the '
+                'declared size).'
+            )
     elif check.endswith('_size') or check == 'qbox_area':
         lines.append(f'Fix or delete the zero-size box in `{where}`.')
     elif check.endswith('_finite'):
@@ -319,4 +335,17 @@ def remedies(diagnosis: Dict[str, Any], replay: ReplayResult) -> List[str]:
             "(`NanGuardHook(policy='rollback')`) and check custom "
             'optimizer code.'
         )
+    if replay.ctc_unaligned:
+        lines.append(_ctc_samples_remedy(replay.ctc_unaligned))
     return lines
+
+
+def _ctc_samples_remedy(found: List[Dict[str, Any]]) -> str:
+    """Name the samples a CTC loss cannot align (the replay found them)."""
+    samples = '; '.join(describe_unaligned(e) for e in found)
+    return (
+        f'CTC cannot align {len(found)} sample(s) of this batch: {samples}. '
+        'Drop or shorten such labels (a dataset filter on the label '
+        'length), or give the recognizer a longer output; with '
+        '`zero_infinity=True` they add zero loss instead of inf.'
+    )

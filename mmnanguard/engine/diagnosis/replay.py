@@ -22,6 +22,7 @@ from ..guard.exceptions import (
 from ..guard.finite import json_number, total_norm
 from ..guard.forward_buffers import nonfinite_buffers
 from ..guard.rng import capture_rng_state, restore_rng_state
+from .ctc_alignment import CtcProbe
 from .magnitude import first_out_of_range, largest_outputs
 from .probe import ActivationProbe
 
@@ -61,6 +62,8 @@ class ReplayResult:
         exception (str | None): A numerical routine's exception that ended
             the replay (``'LinAlgError: ...'``), and ``exception_stage``,
             where it was raised.
+        ctc_unaligned (list[dict]): The samples a ``CTCLoss`` could not
+            align (:func:`~.ctc_alignment.unaligned_samples`).
     """
 
     precision: str = 'fp32'
@@ -81,6 +84,7 @@ class ReplayResult:
     nonfinite_buffers: List[str] = field(default_factory=list)
     exception: Optional[str] = None
     exception_stage: Optional[str] = None
+    ctc_unaligned: List[Dict[str, Any]] = field(default_factory=list)
 
     @property
     def finite(self) -> bool:
@@ -194,7 +198,9 @@ def replay_batch(
             restore_rng_state(rng_state)
         model.train()
         model.zero_grad(set_to_none=True)
-        with ActivationProbe(model) as probe, warnings.catch_warnings(
+        with ActivationProbe(model) as probe, CtcProbe(
+            model
+        ) as ctc, warnings.catch_warnings(
             record=True
         ) as caught, torch.autograd.set_detect_anomaly(anomaly):
             warnings.simplefilter('always')
@@ -232,6 +238,7 @@ def replay_batch(
         result.loss_first = probe.loss_first
         result.grad_first = probe.grad_first
         result.param_grads = probe.param_grads
+        result.ctc_unaligned = ctc.found
         first = first_out_of_range(probe.magnitudes, result.precision)
         result.magnitude_first = None if first is None else _json_safe(first)
         result.magnitude_top = [

@@ -11,6 +11,7 @@ import os.path as osp
 from typing import Any, Dict, List
 
 from ..incident import ReportData, write_incident_file
+from .ctc_alignment import describe_unaligned
 
 REPORT_MD = 'report.md'
 
@@ -146,6 +147,8 @@ def _replay_lines(title: str, replay: Dict[str, Any]) -> List[str]:
                 f"+inf, {first['neginf']} -inf of {first['numel']}; inputs "
                 f"{'finite' if first['inputs_finite'] else 'non-finite'}"
             )
+    for entry in replay.get('ctc_unaligned') or []:
+        lines.append(f'  - CTC cannot align {describe_unaligned(entry)}')
     buffers = replay.get('nonfinite_buffers') or []
     if buffers:
         lines.append(
@@ -214,8 +217,8 @@ def render_markdown(report: ReportData) -> str:
         out += [f"  - {f['text']}" for f in ev['data']]
     else:
         out.append(
-            '- data checks: every pixel, box, label and '
-            'segmentation value of the batch is valid'
+            '- data checks: no problem in the pixels, boxes, class labels '
+            'and segmentation maps the batch holds'
         )
     out += _replay_lines('replay', ev['replay'])
     if ev.get('fp32_replay'):

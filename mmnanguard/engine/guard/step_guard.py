@@ -40,6 +40,7 @@ from .forward_buffers import ForwardBuffers
 from .grad_norm import GradNorm, grad_norm
 from .loss_window import LossWindow, as_read_scalar, read_dtype
 from .params_check import ParamsCheck
+from .read_decoding import decode_read
 from .spike_detector import SpikeCheck, SpikeDetector
 from .verdict import GradHolder, IterationOutcome, StepVerdict
 
@@ -286,91 +287,27 @@ class StepGuard:
             add('spike_refs', check.references)
         host = torch.cat([p.reshape(-1) for p in parts]).tolist()
         self._steps += 1
-        verdict = self._verdict(
-            host, layout, terms, check, params_iteration, norms, grad_params
-        )
-        verdict.grad_total = total
-        return verdict
-
-    def _verdict(
-        self,
-        host: List[float],
-        layout: Dict[str, slice],
-        terms: Dict[str, Tensor],
-        check: Optional[SpikeCheck],
-        params_iteration: Optional[int],
-        norms: Optional[Tensor],
-        grad_params: List[GradHolder],
-    ) -> StepVerdict:
-        def part(name: str) -> Optional[List[float]]:
-            return host[layout[name]] if name in layout else None
-
-        total = host[0]
-        loss_bad, first_bad = host[layout['loss']]
-        grad_bad = not math.isfinite(total)
-        # folded: the total is the global one; this rank's shards apart
-        local_grad = part('local_grad')
-        local_grad_bad = bool(local_grad[0]) if local_grad else grad_bad
-        params = part('params')
-        params_bad = bool(params[0]) if params else None
-        buffers = part('buffers')
-        amp = part('amp')
-        verdict = StepVerdict(
+        verdict = decode_read(
+            host,
+            layout,
             iteration=self.iteration,
-            loss_finite=not loss_bad,
-            loss_bad_iteration=int(first_bad) if loss_bad else None,
-            grad_norm=total,
-            grad_finite=not grad_bad,
-            params_finite=None if params_bad is None else not params_bad,
+            terms=terms,
+            check=check,
+            detector=self.spike_detector,
+            vote_names=list(self.votes),
             params_iteration=params_iteration,
-            inputs_finite=bool(host[layout['inputs']][0])
-            if 'inputs' in layout
-            else None,
-            buffers_finite=None if buffers is None else not buffers[0],
-            loss_terms=dict(zip(terms, part('terms') or [])),
-            local_loss_finite=not loss_bad,
-            local_grad_finite=not local_grad_bad,
-            grad_norms=norms,
+            norms=norms,
             grad_params=grad_params,
         )
-        if amp is not None:
-            verdict.amp_raw = (bool(amp[0]), amp[1], int(amp[2]))
-            verdict.grad_finite = not amp[0]
-            verdict.local_grad_finite = not amp[0]
-        detector = self.spike_detector
-        if check is not None and detector is not None:  # one with the other
-            verdict.spikes = check.spikes(
-                host[layout['spike_flags']],
-                host[layout['spike_values']],
-                host[layout['spike_refs']],
-                detector.settings.factor,
-            )
-            verdict.spike_acts = detector.acts
-        votes: Optional[Sequence[float]] = part('votes')
-        agreed = part('agreed')
-        if agreed is not None and votes is not None:
-            votes = AgreedFlags.votes(agreed, len(votes))
-        verdict.votes = {n: bool(v) for n, v in zip(self.votes, votes or [])}
-        if agreed is not None:
-            seen = AgreedFlags.view(agreed)
-            verdict.loss_finite = not seen.loss
-            if verdict.loss_bad_iteration is None and seen.loss:
-                verdict.loss_bad_iteration = self.iteration
-            verdict.grad_finite = not (
-                seen.amp_inf if amp is not None else seen.grad or grad_bad
-            )
-            if params is not None:
-                verdict.params_finite = not seen.params
-            if buffers is not None:
-                verdict.buffers_finite = not seen.buffers
-            # under action='log' the rank that saw the spike steps too
-            if seen.spike and not verdict.spikes and verdict.spike_acts:
-                verdict.veto = 'a spike on another rank'
-        verdict.local_params_finite = (
-            None if params_bad is None else not params_bad
-        )
+        verdict.grad_total = total
+        return self._settled(verdict)
+
+    def _settled(self, verdict: StepVerdict) -> StepVerdict:
+        """``verdict`` with the guard's state put in: the parameter check
+        another wrapper read, the buffers restored, the vetoes."""
         if verdict.params_finite is not None:
-            self._params_seen = (verdict.params_finite, params_iteration)
+            seen = (verdict.params_finite, verdict.params_iteration)
+            self._params_seen = seen
         elif self._params_seen is not None:  # another wrapper's read
             verdict.params_finite, verdict.params_iteration = self._params_seen
         if verdict.buffers_finite is False:

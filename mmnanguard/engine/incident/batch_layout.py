@@ -82,8 +82,10 @@ def _sample_record(sample: Any) -> Dict[str, Any]:
     meta = getattr(sample, 'metainfo', None)
     record = _source(meta)
     instances = _field(sample, 'gt_instances')
+    meta_of = meta if isinstance(meta, Mapping) else {}
     record.update(
-        img_shape=meta.get('img_shape') if isinstance(meta, Mapping) else None,
+        img_shape=meta_of.get('img_shape'),
+        ori_shape=meta_of.get('ori_shape'),
         boxes=_field(instances, 'bboxes'),
         labels=_field(instances, 'labels'),
         keypoints=_field(instances, 'keypoints'),
@@ -108,10 +110,10 @@ def _packed_records(data: Mapping, samples: Mapping) -> List[Dict[str, Any]]:
     for i in range(count or 0):
         meta = metas[i] if i < len(metas) else None
         record = _source(meta)
+        meta_of = meta if isinstance(meta, Mapping) else {}
         record.update(
-            img_shape=meta.get('img_shape')
-            if isinstance(meta, Mapping)
-            else None,
+            img_shape=meta_of.get('img_shape'),
+            ori_shape=meta_of.get('ori_shape'),
             boxes=None,
             labels=None,
             keypoints=None,

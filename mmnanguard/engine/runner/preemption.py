@@ -289,6 +289,42 @@ def save_preemption_checkpoint(runner, epoch_end: bool) -> str:
     return path
 
 
+def train_with_signals(
+    runner: Any, base: Callable[[], Any], log: Callable[..., None]
+) -> Any:
+    """Run ``base`` (the base class's ``train``) with SIGTERM / SIGINT
+    turned into a checkpoint at the next iteration boundary.
+
+    Args:
+        runner: The runner.
+        base (callable): The base class's ``train``, bound.
+        log (callable): ``log(msg, level)``, the protected runner's log.
+
+    Returns:
+        nn.Module: What ``base`` returns.
+    """
+    signals = getattr(runner, 'preemption_signals', None)
+    if signals is None:
+        return base()
+    if not signals.install():
+        log(
+            'not in the main thread: SIGTERM and SIGINT stop training '
+            'at once, without a checkpoint',
+            logging.WARNING,
+        )
+    try:
+        model = base()
+    finally:
+        signals.restore()
+    if signals.received is not None:
+        log(
+            f'{signals.signal_name} received after the last iteration; '
+            'training had finished',
+            logging.WARNING,
+        )
+    return model
+
+
 __all__ = [
     'EXIT_PREEMPTED',
     'PREEMPTION_SIGNALS',
@@ -296,4 +332,5 @@ __all__ = [
     'PreemptionSignals',
     'TrainingPreempted',
     'save_preemption_checkpoint',
+    'train_with_signals',
 ]

@@ -42,7 +42,7 @@ from .crash_safety import (
 from .durable_checkpoint_hook import find_checkpoint_hook
 from .guarded_optim_config import guarded_optim_wrapper_cfg
 from .model_facts import read_model_facts
-from .preemption import PreemptionSignals
+from .preemption import PreemptionSignals, train_with_signals
 from .protection import ProtectionSettings
 from .resume_errors import CheckpointValueError
 from .resumed_values import check_resumed_values
@@ -252,39 +252,6 @@ def protected_load_or_resume(runner: Any, base: Callable[[], Any]) -> None:
     return None
 
 
-def train_with_signals(runner: Any, base: Callable[[], Any]) -> Any:
-    """Run ``base`` (the base class's ``train``) with SIGTERM / SIGINT
-    turned into a checkpoint at the next iteration boundary.
-
-    Args:
-        runner: The runner.
-        base (callable): The base class's ``train``, bound.
-
-    Returns:
-        nn.Module: What ``base`` returns.
-    """
-    signals = getattr(runner, 'preemption_signals', None)
-    if signals is None:
-        return base()
-    if not signals.install():
-        log(
-            'not in the main thread: SIGTERM and SIGINT stop training '
-            'at once, without a checkpoint',
-            logging.WARNING,
-        )
-    try:
-        model = base()
-    finally:
-        signals.restore()
-    if signals.received is not None:
-        log(
-            f'{signals.signal_name} received after the last iteration; '
-            'training had finished',
-            logging.WARNING,
-        )
-    return model
-
-
 if TYPE_CHECKING:
     from typing import TypeAlias
 
@@ -390,7 +357,7 @@ class ProtectedRunnerMixin(_RunnerBase):
         Returns:
             nn.Module: The model after training.
         """
-        return train_with_signals(self, super().train)
+        return train_with_signals(self, super().train, log)
 
     @master_only
     def dump_config(self) -> None:

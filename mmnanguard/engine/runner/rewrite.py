@@ -27,7 +27,8 @@ from .config_rewrites import (
     swap_module_types,
     switch_pipelines,
 )
-from .label_checks import wrap_cross_entropy
+from .label_checks import upstream_cross_entropy_types, wrap_cross_entropy
+from .label_range_check import hook_cross_entropy
 from .model_facts import ModelFacts, facts_from_config, read_model_facts
 from .protection import ProtectionSettings
 
@@ -84,14 +85,27 @@ def protect_built_model(
     if not protection.check_labels:
         return []
     wrapped = wrap_cross_entropy(model)
+    upstream = tuple(upstream_cross_entropy_types())
+    hooked = hook_cross_entropy(model, lambda m: isinstance(m, upstream))
+    notes: List[Note] = []
     if wrapped:
-        return [
+        notes.append(
             (
                 logging.INFO,
                 f'CheckedCrossEntropyLoss wraps {wrapped} (labels checked '
                 'at each call where they are class indices)',
             )
-        ]
+        )
+    if hooked:
+        notes.append(
+            (
+                logging.INFO,
+                f'check_labels: the labels of {hooked} (a class-label '
+                'cross-entropy by its values) are checked at each call',
+            )
+        )
+    if notes:
+        return notes
     return [
         (
             logging.INFO,
