@@ -102,6 +102,14 @@ NO_DROP_IN = {
         'it). Its degenerate-box failures (zero width, fp16/bf16) are '
         'listed by tools/check_loss.py'
     ),
+    'CTCModuleLoss': (
+        "mmocr's CTCModuleLoss has no drop-in: its loss is inf for a text "
+        'label that CTC cannot align to the output (longer than it, or '
+        'with equal neighbours that need a blank between them), which a '
+        'drop-in cannot fix; set zero_infinity=True on it (tools/doctor.py '
+        'reports it: ctc-zero-infinity) or drop such labels '
+        '(tools/check_dataset.py names them: ctc_alignment)'
+    ),
 }
 
 
@@ -133,8 +141,8 @@ def losses_kept(
 
 
 def describe_kept(kept: List[Tuple[str, str]]) -> str:
-    """One log line: the losses kept as they are, recognised as needing no
-    drop-in, and the ones with a known failure that no drop-in fixes (with
+    """One log line: the losses kept as they are (no drop-in replaces
+    them), and the ones with a known failure that no drop-in fixes (with
     the reason, :data:`NO_DROP_IN`).
 
     Args:
@@ -152,8 +160,7 @@ def describe_kept(kept: List[Tuple[str, str]]) -> str:
         listed = ', '.join(f'{path} ({what})' for path, what in plain)
         parts.append(
             f'module swaps: kept {len(plain)} loss(es) as configured, '
-            'recognised as needing no drop-in (no known NaN failure that a '
-            f'drop-in fixes): {listed}.'
+            f'with no drop-in for them: {listed}.'
         )
     for path, what in unfixable:
         parts.append(

@@ -1,6 +1,6 @@
 # Copyright (c) mmnanguard contributors. All rights reserved.
-"""safe_modules.py says which losses of the model it keeps, recognised as
-needing no drop-in, and why GDLoss_v1 has none."""
+"""safe_modules.py says which losses of the model it keeps (no drop-in
+for them), and why GDLoss_v1 and mmocr's CTCModuleLoss have none."""
 
 import logging
 import os.path as osp
@@ -9,6 +9,7 @@ from mmengine.config import Config
 
 from mmnanguard.engine.runner.protection import ProtectionSettings
 from mmnanguard.engine.runner.rewrite import rewrite_model_config
+from mmnanguard.models.drop_in_resolution import describe_kept
 from mmnanguard.testing.tiny_configs import MIM_ROOT, TINY_COCO_CONFIG
 
 SAFE_MODULES = osp.join(MIM_ROOT, 'configs', '_base_', 'safe_modules.py')
@@ -47,3 +48,20 @@ def test_the_tiny_coco_model_logs_swaps_and_kept_losses():
     texts = ' '.join(t for _, t in notes)
     assert 'StableFocalLoss' in texts
     assert 'model.bbox_head.loss_bbox (L1Loss (mmdet))' in texts
+
+
+def test_a_ctc_loss_is_kept_with_ctcs_own_reason():
+    text = describe_kept(
+        [
+            ('model.decoder.module_loss', 'CTCModuleLoss (mmocr)'),
+            ('model.aux_loss', 'MyLoss (mypkg)'),
+        ]
+    )
+    assert (
+        'kept 1 loss(es) as configured, with no drop-in for them: '
+        'model.aux_loss (MyLoss (mypkg)).' in text
+    )
+    assert 'kept model.decoder.module_loss (CTCModuleLoss (mmocr)): ' in text
+    assert 'zero_infinity=True' in text and 'ctc_alignment' in text
+    # nothing is said of a loss that mmnanguard does not know
+    assert 'no known NaN failure' not in text

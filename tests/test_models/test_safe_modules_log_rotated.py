@@ -31,10 +31,10 @@ def test_gdloss_v1_is_kept_with_the_reason_and_the_real_fix():
     assert any('FocalLoss -> StableFocalLoss' in t for t in texts)
     (kept,) = [t for t in texts if 'kept' in t]
     assert 'kept model.bbox_head.loss_bbox (GDLoss_v1 (mmrotate))' in kept
-    # the swapped-in drop-in is the one loss recognised as needing none
+    # the swapped-in drop-in is the one loss kept without a reason
     assert (
-        'fixes): model.bbox_head.loss_cls (StableFocalLoss (mmnanguard)).'
-        in kept
+        'with no drop-in for them: model.bbox_head.loss_cls '
+        '(StableFocalLoss (mmnanguard)).' in kept
     )
     assert 'GDLoss_v1 has no drop-in' in kept
     assert 'reg_decoded_bbox=True' in kept
