@@ -119,10 +119,11 @@ def _reports(args: argparse.Namespace):
                 f'{args.scope!r} with {args.kwargs}: '
                 f'{type(err).__name__}: {err}'
             )
-        if report.error and not report.results:
-            return None, (
-                f'--loss {args.loss!r} with {args.kwargs}: {report.error}'
-            )
+        # a loss named on the command line must be exercised
+        problem = report.error or report.skipped
+        if problem and not report.results:
+            return None, f'--loss {args.loss!r} with {args.kwargs}: {problem}'
+
         return [report], None
     cfg, error = load_config(args.config, args.cfg_options)
     if error is not None:

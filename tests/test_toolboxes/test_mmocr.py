@@ -307,17 +307,9 @@ def test_check_dataset_finds_the_label_ctc_cannot_align(tmp_path, capsys):
     goes through the pipeline and CRNN's loss forward; the one whose CTC
     target needs 34 frames of the 26 is the only problem, named by its
     file and text."""
-    import importlib.util
-
     from mmengine.config import Config
 
-    from mmnanguard import cli
-
-    spec = importlib.util.spec_from_file_location(
-        'check_dataset', cli.tool_path('check_dataset')
-    )
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)
+    tool = _load_tool('check_dataset')
     root = str(tmp_path / 'data')
     words = WORDS[:5] + [UNALIGNABLE]
     paths = write_textrecog_set(root, words)
@@ -338,3 +330,50 @@ def test_check_dataset_finds_the_label_ctc_cannot_align(tmp_path, capsys):
     assert problem['values'] == [26, 34, CRNN_SEQ_LEN]
     assert f'text {UNALIGNABLE!r}' in problem['detail']
     assert 'Also checked: ctc_alignment, 6 sample(s)' in stdout
+
+
+def _load_tool(name):
+    import importlib.util
+
+    from mmnanguard import cli
+
+    spec = importlib.util.spec_from_file_location(name, cli.tool_path(name))
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    return tool
+
+
+def test_check_loss_exercises_crnns_ctc_and_dbnets_inner_losses(
+    tmp_path, capsys
+):
+    """``tools/check_loss.py`` on mmocr's configs as upstream has them:
+    CRNN's ``CTCModuleLoss`` (which does not build without the decoder's
+    dictionary) is taken from the built model and its ``CTCLoss`` gets
+    CTC's cases, the two unalignable targets failing until
+    ``zero_infinity=True``; DBNet's ``DBModuleLoss`` is exercised through
+    the three losses it holds."""
+    tool = _load_tool('check_loss')
+    out = str(tmp_path / 'crnn.json')
+    crnn = upstream_config('mmocr', CRNN)
+    assert tool.main([crnn, '--json', out]) == 1
+    with open(out) as f:
+        (report,) = json.load(f)
+    assert report['error'] == '' and report['kind'] == 'ctc'
+    failing = [r['case'] for r in report['results'] if not r['passed']]
+    assert failing == [
+        'a target longer than the 12 output frames',
+        '7 equal labels (need 13 frames with the blanks between them)',
+    ]
+    fixed = ['--cfg-options', 'model.decoder.module_loss.zero_infinity=True']
+    assert tool.main([crnn, *fixed]) == 0
+    out = str(tmp_path / 'dbnet.json')
+    tool.main([upstream_config('mmocr', DBNET), '--json', out])
+    with open(out) as f:
+        (report,) = json.load(f)
+    assert report['error'] == '' and report['skipped'] == ''
+    assert {r['path'].rsplit('.', 1)[-1] for r in report['results']} == {
+        'loss_prob',
+        'loss_thr',
+        'loss_db',
+    }
+    assert 'the cases ran on the loss it holds' in capsys.readouterr().out

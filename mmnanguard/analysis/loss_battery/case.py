@@ -41,6 +41,7 @@ class BatteryContext:
         one_hot_targets (bool): Whether classification targets are
             one-hot (or soft) scores (N, C) (VarifocalLoss, GHMC).
             Defaults to False.
+        blank (int): The blank class of a CTC loss. Defaults to 0.
     """
 
     num_classes: int = 4
@@ -50,6 +51,7 @@ class BatteryContext:
     takes_probabilities: bool = False
     quality_targets: bool = False
     one_hot_targets: bool = False
+    blank: int = 0
 
 
 @dataclass

@@ -12,6 +12,7 @@ from .angle import angle_cases
 from .boxes import box_cases, quad_cases, rotated_box_cases
 from .case import BatteryContext, LossCase
 from .classification import classification_cases
+from .ctc import ctc_cases
 from .distribution import distribution_cases
 from .gaussian import gaussian_cases
 from .masks import mask_cases, segmentation_cases
@@ -27,6 +28,7 @@ KIND_CASES: Dict[str, Callable[[BatteryContext], List[LossCase]]] = {
     'mask': mask_cases,
     'segmentation': segmentation_cases,
     'gaussian': gaussian_cases,
+    'ctc': ctc_cases,
 }
 KINDS = tuple(KIND_CASES)
 #: Kinds of :func:`~mmnanguard.models.loss_kind.loss_kind` run through the
@@ -49,7 +51,8 @@ def infer_kind(loss: nn.Module, scope: Optional[str] = None) -> str:
     (:func:`mmnanguard.models.loss_kind.loss_kind`), not from its name: a
     ``DistributionFocalLoss`` takes distributions, an ``L1Loss`` gets the
     box cases; a per-pixel loss is read off the built module (``use_mask``,
-    mmseg's), a Dice loss follows ``scope``.
+    mmseg's), a Dice loss follows ``scope``; torch's ``CTCLoss`` takes
+    sequences (``'ctc'``).
 
     Args:
         loss (nn.Module): The built loss.
@@ -61,6 +64,8 @@ def infer_kind(loss: nn.Module, scope: Optional[str] = None) -> str:
     Raises:
         ValueError: The kind cannot be told; pass it explicitly.
     """
+    if isinstance(loss, nn.CTCLoss):  # takes sequences: no probe form
+        return 'ctc'
     kind = _decided(loss, scope).kind
     return _BATTERY_OF.get(kind, kind)
 
@@ -87,7 +92,9 @@ def context_for(loss: nn.Module, **settings) -> BatteryContext:
         targets = loss_kind(loss).targets
     except ValueError:
         targets = ''
+    blank = getattr(loss, 'blank', 0)
     return BatteryContext(
+        blank=blank if isinstance(blank, int) else 0,
         use_sigmoid=bool(getattr(loss, 'use_sigmoid', False)),
         takes_probabilities=takes_probs,
         quality_targets=targets.startswith('(class indices, quality'),

@@ -47,13 +47,23 @@ def format_table(
                 )
             )
             continue
+        if report.skipped:
+            rows.append(
+                (report.path, report.loss_type, '-', '-', '-', report.skipped)
+            )
+            continue
+        if report.exercised:
+            notes.append(
+                f'{report.path} ({report.loss_type}): the cases ran on the '
+                f'loss it holds, {report.exercised}'
+            )
         for r in report.results:
             if failures_only and r.passed:
                 continue
             rows.append(
                 (
-                    report.path,
-                    report.loss_type,
+                    r.path,
+                    r.loss_type,
                     r.case,
                     format_number(r.value),
                     format_number(r.grad),
@@ -86,7 +96,9 @@ def format_table(
     total = sum(len(r.results) for r in reports)
     lines.append('')
     lines += notes
+    skipped = sum(bool(r.skipped) for r in reports)
     lines.append(
         f'{len(reports)} loss modules, {total} cases, {failed} failing'
+        + (f', {skipped} not exercised' if skipped else '')
     )
     return '\n'.join(lines)
