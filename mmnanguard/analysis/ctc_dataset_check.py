@@ -26,13 +26,10 @@ from torch import nn
 from mmnanguard.config_walk import build_in_scope
 from mmnanguard.engine.diagnosis.ctc_alignment import (
     CtcProbe,
+    ctc_modules,
     describe_unaligned,
     name_samples,
 )
-
-
-def _ctc_modules(model: nn.Module) -> List[str]:
-    return [n for n, m in model.named_modules() if isinstance(m, nn.CTCLoss)]
 
 
 class CtcAlignmentCheck:
@@ -41,17 +38,15 @@ class CtcAlignmentCheck:
 
     Args:
         model (nn.Module): The built model (on the CPU).
-        modules (list[str]): Its ``nn.CTCLoss`` modules.
+        scope (str, optional): The config's ``default_scope`` (the
+            forward runs in it).
     """
 
     #: The problem kind it reports.
     kind = 'ctc_alignment'
 
-    def __init__(
-        self, model: nn.Module, modules: List[str], scope: Optional[str]
-    ) -> None:
+    def __init__(self, model: nn.Module, scope: Optional[str]) -> None:
         self.model = model
-        self.modules = modules
         self.scope = scope
         #: Samples run through the model.
         self.checked = 0
@@ -77,7 +72,7 @@ class CtcAlignmentCheck:
         scope = cfg.get('default_scope')
         try:
             with torch.device('meta'):
-                found = _ctc_modules(build_in_scope(model_cfg, scope))
+                found = ctc_modules(build_in_scope(model_cfg, scope))
         except Exception as err:  # noqa: BLE001  (said in the report)
             return None, (
                 'CTC label lengths: the model does not build '
@@ -87,14 +82,16 @@ class CtcAlignmentCheck:
             return None, None
         model = build_in_scope(model_cfg, scope)
         model.train()
-        return cls(model, found, scope), None
+        return cls(model, scope), None
 
     def check(self, packed: Dict[str, Any]) -> List[Dict[str, Any]]:
         """The samples of one pipeline output the CTC loss cannot align
         (:func:`~mmnanguard.engine.diagnosis.ctc_alignment.name_samples`
-        entries, with ``line``: :func:`describe_unaligned`).
+        entries, with ``line``: :func:`describe_unaligned`, and
+        ``values``: target length, frames needed, frames).
 
-        A forward that raises stops the check; :attr:`error` says why.
+        A forward that raises, or a CTC call the probe cannot read, stops
+        the check; :attr:`error` says why.
         """
         if self.error is not None:
             return []
@@ -112,8 +109,16 @@ class CtcAlignmentCheck:
                 f'{type(err).__name__}: {err}'
             )
             return []
+        if probe.error is not None:
+            self.error = f'CTC label lengths: {probe.error}'
+            return []
         self.checked += 1
         found = name_samples(probe.found, batch)
         for entry in found:
             entry['line'] = describe_unaligned(entry, place=False)
+            entry['values'] = [
+                entry['target_length'],
+                entry['frames_needed'],
+                entry['frames'],
+            ]
         return found

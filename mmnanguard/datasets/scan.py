@@ -165,7 +165,8 @@ class DatasetScan:
         seed (int): Seed of the augmentation runs.
         sample_checks (Sequence): Checks of a sample's packed pipeline
             output, each with a ``kind`` and ``check(packed)`` returning
-            one dict per problem (``img_path``, ``line``), ``checked`` and
+            one dict per problem (``img_path``, ``line``, ``values``),
+            ``checked`` and
             ``error`` (e.g. the CTC label lengths of
             :class:`~mmnanguard.analysis.ctc_dataset_check.CtcAlignmentCheck`).
             Each sample then runs through the whole pipeline once (the
@@ -321,9 +322,10 @@ class DatasetScan:
     def _packed(
         self, leaf: ScanLeaf, results: Dict[str, Any]
     ) -> Optional[Dict[str, Any]]:
-        """``results`` through the leaf's ``Pack*`` transforms (what the
-        model receives), or None when packing raised (recorded)."""
-        out: Optional[Dict[str, Any]] = copy.deepcopy(results)
+        """``results`` (an augmentation run's own copy, checked already)
+        through the leaf's ``Pack*`` transforms (what the model receives),
+        or None when packing raised (recorded)."""
+        out: Optional[Dict[str, Any]] = results
         for transform in leaf.packing:
             try:
                 out = transform(out)
@@ -342,11 +344,7 @@ class DatasetScan:
                     record=None,
                     instance=None,
                     stage='model forward',
-                    values=[
-                        found.get('target_length'),
-                        found.get('frames_needed'),
-                        found.get('frames'),
-                    ],
+                    values=found.get('values', []),
                     detail=found['line'],
                 )
             )

@@ -12,7 +12,7 @@ the samples whose loss is not finite, with the frames their target needs
 and the frames the output has.
 """
 
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -49,8 +49,16 @@ def _targets_of(targets: Tensor, lengths: List[int]) -> List[List[int]]:
 def _lengths(value: Any, count: int) -> List[int]:
     if isinstance(value, Tensor):
         value = value.reshape(-1).tolist()
-    values = [int(v) for v in value]
-    return values if len(values) == count else values[:count]
+    return [int(v) for v in value][:count]
+
+
+def ctc_modules(model: nn.Module) -> List[Tuple[str, nn.CTCLoss]]:
+    """Every ``nn.CTCLoss`` of ``model``, with its name."""
+    return [
+        (name, module)
+        for name, module in model.named_modules()
+        if isinstance(module, nn.CTCLoss)
+    ]
 
 
 def unaligned_samples(
@@ -126,13 +134,11 @@ class CtcProbe:
         self._handles: List[Any] = []
 
     def __enter__(self) -> 'CtcProbe':
-        for name, module in self.model.named_modules():
-            if isinstance(module, nn.CTCLoss):
-                self._handles.append(
-                    module.register_forward_hook(
-                        self._hook(name), with_kwargs=True
-                    )
-                )
+        for name, module in ctc_modules(self.model):
+            hook = module.register_forward_hook(
+                self._hook(name), with_kwargs=True
+            )
+            self._handles.append(hook)
         return self
 
     def __exit__(self, *exc: Any) -> None:

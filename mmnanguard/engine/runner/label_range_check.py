@@ -33,6 +33,8 @@ from mmnanguard.models.losses.checked_cross_entropy_loss import (
     check_cross_entropy_labels,
 )
 
+from .label_checks import upstream_cross_entropy_types
+
 #: Loss modules holding more parameter and buffer elements than this are
 #: not tried (a perceptual loss holds a network; a cross-entropy holds at
 #: most its class weights).
@@ -74,7 +76,6 @@ def is_class_label_cross_entropy(module: nn.Module) -> bool:
         module = copy.deepcopy(module).cpu()
     except Exception:  # noqa: BLE001  (cannot be tried: left alone)
         return False
-    device = torch.device('cpu')
     scores = torch.tensor(_SCORES, dtype=torch.float64)
     ratios = []
     for labels in _LABELS:
@@ -82,7 +83,7 @@ def is_class_label_cross_entropy(module: nn.Module) -> bool:
         per_sample = F.cross_entropy(scores, target, reduction='none')
         try:
             with torch.no_grad():
-                value = module(scores.float().to(device), target.to(device))
+                value = module(scores.float(), target)
         except Exception:  # noqa: BLE001  (not a cross-entropy of this form)
             return False
         for reference in (per_sample, per_sample.mean(), per_sample.sum()):
@@ -121,23 +122,22 @@ def _label_check(path: str) -> Callable[..., None]:
     return hook
 
 
-def hook_cross_entropy(
-    model: nn.Module, skip: Callable[[nn.Module], bool]
-) -> List[str]:
+def hook_cross_entropy(model: nn.Module) -> List[str]:
     """Put the label check on every other class-label cross-entropy of
-    ``model`` (see the module docstring).
+    ``model`` (see the module docstring): mmdet's and mmseg's, which
+    :func:`~.label_checks.wrap_cross_entropy` wraps or leaves alone on
+    purpose (mask losses), are not tried.
 
     Args:
         model (nn.Module): The built model.
-        skip (callable): Loss modules already checked (mmdet's and
-            mmseg's, wrapped).
 
     Returns:
         list[str]: The paths of the modules checked now.
     """
+    upstream = (CheckedCrossEntropyLoss, *upstream_cross_entropy_types())
     hooked = []
     for path, module in named_loss_modules(model):
-        if isinstance(module, CheckedCrossEntropyLoss) or skip(module):
+        if isinstance(module, upstream):
             continue
         if getattr(module, '_nanguard_label_check', False):
             continue

@@ -27,7 +27,7 @@ from .config_rewrites import (
     swap_module_types,
     switch_pipelines,
 )
-from .label_checks import upstream_cross_entropy_types, wrap_cross_entropy
+from .label_checks import wrap_cross_entropy
 from .label_range_check import hook_cross_entropy
 from .model_facts import ModelFacts, facts_from_config, read_model_facts
 from .protection import ProtectionSettings
@@ -85,8 +85,7 @@ def protect_built_model(
     if not protection.check_labels:
         return []
     wrapped = wrap_cross_entropy(model)
-    upstream = tuple(upstream_cross_entropy_types())
-    hooked = hook_cross_entropy(model, lambda m: isinstance(m, upstream))
+    hooked = hook_cross_entropy(model)
     notes: List[Note] = []
     if wrapped:
         notes.append(
