@@ -31,7 +31,8 @@ from mmnanguard.supported_stacks import (
 #: Optional package (import name) -> how to install it, for the family
 #: (OpenMMLab or OneDL) of the installed mmdet; the toolboxes of
 #: :data:`~mmnanguard.supported_stacks.TOOLBOXES` (mmyolo, mmpretrain,
-#: mmpose, mmocr), whose configs the include protects where they are installed.
+#: mmpose, mmocr, mmaction2), whose configs the include protects where they
+#: are installed.
 INSTALL = {name: install_line(name) for name in (*OPTIONAL_EXTRAS, *TOOLBOXES)}
 
 #: import name -> None (importable) or why it is not; filled on first use.

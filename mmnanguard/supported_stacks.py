@@ -55,6 +55,7 @@ TOOLBOXES: Dict[str, Tuple[str, str]] = {
     'mmpretrain': ('mmpretrain', '>=1.2.0,<1.3'),
     'mmpose': ('mmpose', '>=1.3.2,<1.4'),
     'mmocr': ('mmocr', '>=1.0.1,<1.1'),
+    'mmaction': ('mmaction2', '>=1.1.0,<1.2'),
 }
 
 #: Import names ``import mmnanguard`` needs.
@@ -159,6 +160,12 @@ def install_line(name: str) -> str:
             )
         if name == 'mmocr':
             line += ' (its imgaug needs numpy<2)'
+        if name == 'mmaction':
+            line += (
+                ' --no-deps, and decord beside it (the 1.2.0 wheel lacks '
+                'its own mmaction.models.localizers.drn and cannot be '
+                'imported)'
+            )
         return line
     family = installed_family() or 'upstream'
     line = (

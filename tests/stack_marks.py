@@ -1,7 +1,7 @@
 # Copyright (c) mmnanguard contributors. All rights reserved.
 """Marks for tests that need an optional package of the stack (mmrotate,
-mmseg, the toolboxes mmyolo, mmpretrain, mmpose and mmocr): skipped, with the
-reason, on a supported stack that lacks it."""
+mmseg, the toolboxes mmyolo, mmpretrain, mmpose, mmocr and mmaction2):
+skipped, with the reason, on a supported stack that lacks it."""
 
 import pytest
 
@@ -24,4 +24,7 @@ needs_mmpose = pytest.mark.skipif(
 )
 needs_mmocr = pytest.mark.skipif(
     not is_available('mmocr'), reason='the stack has no mmocr'
+)
+needs_mmaction = pytest.mark.skipif(
+    not is_available('mmaction'), reason='the stack has no mmaction2'
 )

@@ -126,8 +126,8 @@ def test_require_packages_accepts_what_is_installed(missing):
 def test_unknown_optional_package_is_refused():
     with pytest.raises(
         ValueError,
-        match=r"\['mmocr', 'mmpose', 'mmpretrain', 'mmrotate', 'mmseg', "
-        r"'mmyolo'\]"
+        match=r"\['mmaction', 'mmocr', 'mmpose', 'mmpretrain', 'mmrotate', "
+        r"'mmseg', 'mmyolo'\]"
         r".*'mmdet'",
     ):
         optional.unavailable_reason('mmdet')

@@ -31,6 +31,8 @@ pytestmark = [pytest.mark.stack_smoke, needs_mmocr]
 
 CRNN = 'textrecog/crnn/crnn_mini-vgg_5e_mj.py'
 DBNET = 'textdet/dbnet/dbnet_resnet18_fpnc_1200e_icdar2015.py'
+NRTR = 'textrecog/nrtr/nrtr_modality-transform_6e_st_mj.py'
+PANET = 'textdet/panet/panet_resnet18_fpem-ffm_600e_icdar2015.py'
 
 #: Words of the recognition set (lower-case letters and digits: CRNN's
 #: dictionary, ``lower_english_digits.txt``).
@@ -177,6 +179,48 @@ def shrink_dbnet(data_root, side=128):
     return shrink
 
 
+def shrink_nrtr(data_root):
+    """NRTR (modality transform, transformer encoder and decoder, an
+    attention recognizer whose ``CEModuleLoss`` holds a cross-entropy of
+    character indices) with one encoder and one decoder layer; the
+    generated words as the only set of its ``ConcatDataset``."""
+
+    def shrink(cfg):
+        cfg.model.encoder.n_layers = 1
+        cfg.model.decoder.n_layers = 1
+        dataset = cfg.train_dataloader.dataset
+        dataset.datasets = [dataset.datasets[0]]
+        dataset.datasets[0].data_root = data_root
+        cfg.default_hooks.pop('visualization')
+
+    return shrink
+
+
+def shrink_panet(data_root, side=128):
+    """PANet's ResNet-18 at a quarter of its widths (stem 32), FPEM-FFM
+    and PANHead to match, no pretrained weights; its 736-px jitter, crop
+    and pad at ``side``."""
+
+    def shrink(cfg):
+        model = cfg.model
+        model.backbone.update(
+            base_channels=16, stem_channels=32, init_cfg=None
+        )
+        model.neck.update(in_channels=[16, 32, 64, 128], conv_out=32)
+        model.det_head.update(in_channels=[32] * 4, hidden_dim=32)
+        dataset = cfg.train_dataloader.dataset
+        for transform in dataset.pipeline:
+            if transform['type'] == 'ShortScaleAspectJitter':
+                transform['short_size'] = side
+            if transform['type'] in ('TextDetRandomCrop', 'Pad'):
+                key = 'target_size' if 'target_size' in transform else 'size'
+                transform[key] = (side, side)
+        dataset.data_root = data_root
+        cfg.default_hooks.pop('visualization')
+
+    return shrink
+
+
 def test_crnn_protected(tmp_path, textrecog_root):
     run = train_protected(
         tmp_path, upstream_config('mmocr', CRNN), shrink_crnn(textrecog_root)
@@ -208,7 +252,39 @@ def test_dbnet_protected(tmp_path, textdet_root):
     )
 
 
-def test_crnn_unalignable_label(tmp_path):
+def test_nrtr_protected(tmp_path, textrecog_root):
+    """An attention recognizer: the planted fault skipped, and the
+    cross-entropy inside ``CEModuleLoss`` gets the label check."""
+    run = train_protected(
+        tmp_path, upstream_config('mmocr', NRTR), shrink_nrtr(textrecog_root)
+    )
+    report = check_protected_run(run)
+    runner = run['runner']
+    loss = runner.model.decoder.module_loss
+    assert type(loss).__name__ == 'CEModuleLoss'
+    assert loss.loss_ce._nanguard_label_check is True
+    assert len(runner.model.encoder.layer_stack) == 1
+    assert all(
+        f.startswith(osp.join(textrecog_root, 'imgs', 'word_'))
+        for f in (s['img_path'] for s in report['samples'])
+    )
+
+
+def test_panet_protected(tmp_path, textdet_root):
+    run = train_protected(
+        tmp_path, upstream_config('mmocr', PANET), shrink_panet(textdet_root)
+    )
+    report = check_protected_run(run)
+    runner = run['runner']
+    assert type(runner.model.det_head.module_loss).__name__ == 'PANModuleLoss'
+    assert runner.model.backbone.stem[0].out_channels == 16
+    assert all(
+        f.startswith(osp.join(textdet_root, 'imgs', 'img_'))
+        for f in (s['img_path'] for s in report['samples'])
+    )
+
+
+def test_crnn_unalignable_label(tmp_path, capsys):
     """Nothing planted: one word's label needs more CTC frames than CRNN
     has; its batch's ``loss_ctc`` is inf."""
     root = str(tmp_path / 'data')
@@ -300,6 +376,18 @@ def test_crnn_unalignable_label(tmp_path):
     assert tensors_all_finite(checkpoint['state_dict'])
     assert tensors_all_finite(checkpoint['optimizer'])
     assert checkpoint['nanguard']['counters']['skipped'] == 1
+    # the line report.md gives: tools/replay.py INCIDENT --config CFG
+    # loads mmocr's TextRecogDataSample and finds the same word
+    with open(osp.join(report['folder'], 'report.md')) as f:
+        assert '--config CFG' in f.read()
+    config = str(tmp_path / 'replay_config.py')
+    runner.cfg.dump(config)
+    capsys.readouterr()
+    code = _load_tool('replay').main([report['folder'], '--config', config])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert 'CTC cannot align 1 sample(s)' in out and bad_file in out
+    assert '`decoder.module_loss.ctc_loss`' in out
 
 
 def test_check_dataset_finds_the_label_ctc_cannot_align(tmp_path, capsys):

@@ -78,6 +78,7 @@ def train_protected(
     include: Optional[str] = 'mmnanguard::_base_/nanguard.py',
     own_lines: str = '',
     fault: Optional[str] = 'nan_grad',
+    path_key: str = 'img_path',
 ) -> Dict[str, Any]:
     """Train ``upstream`` + the include, shrunk by ``shrink`` and
     :func:`shrink_runtime`, with ``fault`` planted at :data:`FAULT_ITER`.
@@ -91,6 +92,8 @@ def train_protected(
         own_lines (str): Lines of the user's config after ``_base_``.
         fault (str, optional): The ``FaultInjectionHook`` fault planted;
             None: nothing planted (a fault of the data or the model).
+        path_key (str): The data info field that names a sample's file
+            (mmaction2's videos: ``filename``).
 
     Returns:
         dict: ``runner``, ``recorder`` (:class:`RunRecorder`), ``reports``
@@ -130,7 +133,7 @@ def train_protected(
     order = list(iter(loader.sampler))  # the epoch-0 order of the run
     first = FAULT_ITER * BATCH
     batch_files = [
-        loader.dataset.get_data_info(i)['img_path']
+        loader.dataset.get_data_info(i)[path_key]
         for i in order[first : first + BATCH]
     ]
     return dict(

@@ -178,3 +178,31 @@ def test_broken_config_file_as_a_script(tmp_path):
     assert proc.returncode == 2
     assert 'invalid configuration' in proc.stderr
     assert 'SyntaxError' in proc.stderr and 'Traceback' not in proc.stderr
+
+
+def test_a_heads_default_loss_is_found_in_the_built_model(tool, tmp_path):
+    """RetinaNet with ``loss_cls`` left out of the config: ``RetinaHead``
+    builds its default (``AnchorHead``'s sigmoid ``CrossEntropyLoss``);
+    the battery finds it in the built model, with the head's own
+    ``num_classes`` (5 here, not the default 80), and checks the config's
+    ``loss_bbox`` once."""
+    from mmnanguard.analysis.config_path import resolve_config_path
+    from mmnanguard.analysis.loss_battery import check_config_losses
+
+    cfg = Config.fromfile(
+        resolve_config_path('mmdet::retinanet/retinanet_r50_fpn_1x_coco.py')
+    )
+    del cfg.model.bbox_head['loss_cls']
+    cfg.model.bbox_head.num_classes = 5
+    reports = check_config_losses(cfg)
+    assert [(r.path, r.loss_type) for r in reports] == [
+        ('model.bbox_head.loss_bbox', 'L1Loss'),
+        ('model.bbox_head.loss_cls', 'CrossEntropyLoss'),
+    ]
+    default = reports[1]
+    assert default.error == '' and default.kind == 'classification'
+    built = build_in_scope(cfg.model, 'mmdet').bbox_head.loss_cls
+    assert built.use_sigmoid is True
+    cases = {r.case: r for r in default.results}
+    assert 'labels = num_classes (5)' in cases
+    assert not any('(80)' in name for name in cases)

@@ -116,6 +116,7 @@ def check_import(present: Sequence[str]) -> None:
         'mmpretrain',
         'mmpose',
         'mmocr',
+        'mmaction',
     ):
         expected = package in present
         check(

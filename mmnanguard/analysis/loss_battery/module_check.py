@@ -3,6 +3,7 @@
 scope, run it, and for every failing case that has a safe drop-in, run
 the drop-in on the same case."""
 
+import re
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -12,6 +13,7 @@ from mmnanguard.config_walk import (
     build_in_scope,
     find_loss_configs,
     is_loss_class,
+    named_loss_modules,
 )
 
 from .dropins import drop_in_config
@@ -186,14 +188,18 @@ def check_loss_config(
 
 
 def check_config_losses(cfg: Any) -> List[ModuleReport]:
-    """The battery for every loss of ``cfg.model``.
+    """The battery for every loss of ``cfg.model``: the loss configs the
+    config writes, then the loss modules the built model holds that no
+    config names (a head's default ``loss_cls``, as mmaction2's
+    ``TSNHead`` builds).
 
     Args:
         cfg (Config): A loaded config (``model``, ``default_scope``,
             optionally ``angle_version``).
 
     Returns:
-        list[ModuleReport]: One per loss config, in config order.
+        list[ModuleReport]: One per loss config, in config order, then one
+        per loss module only the built model shows, in module order.
     """
     scope = cfg.get('default_scope')
     reports = []
@@ -211,7 +217,46 @@ def check_config_losses(cfg: Any) -> List[ModuleReport]:
                     entry.cfg, scope, entry.path, model=model, **settings
                 )
         reports.append(report)
+    if model is None:
+        model = _built_model(cfg, scope)
+    if model is not None:
+        reports += _unwritten_losses(model, scope, [r.path for r in reports])
     return reports
+
+
+def _unwritten_losses(
+    model: nn.Module, scope: Optional[str], written: List[str]
+) -> List[ModuleReport]:
+    """The battery for the loss modules of ``model`` at none of the
+    config paths ``written`` (nor inside one), with the ``num_classes``
+    of the module that holds each (read from the built head)."""
+    reports = []
+    # a config path indexes a list as ``[0]``, a module path as ``.0``
+    written = [re.sub(r'\[(\d+)\]', r'.\1', w) for w in written]
+    for path, loss in named_loss_modules(model):
+        if any(path == w or path.startswith(f'{w}.') for w in written):
+            continue
+        settings = {}
+        num_classes = _holder_num_classes(model, path)
+        if num_classes is not None:
+            settings['num_classes'] = num_classes
+        reports.append(check_module(loss, path, scope=scope, **settings))
+    return reports
+
+
+def _holder_num_classes(model: nn.Module, path: str) -> Optional[int]:
+    """``num_classes`` of the nearest module above ``path`` that has an
+    int one (a head), or None."""
+    parts = path.split('.')[1:-1]  # without 'model' and the loss itself
+    while parts:
+        value = getattr(
+            model.get_submodule('.'.join(parts)), 'num_classes', None
+        )
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        parts.pop()
+    value = getattr(model, 'num_classes', None)
+    return value if isinstance(value, int) else None
 
 
 def _built_model(cfg: Any, scope: Optional[str]) -> Optional[nn.Module]:

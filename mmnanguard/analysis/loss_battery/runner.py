@@ -174,6 +174,13 @@ def run_case(
         if isinstance(total, Tensor) and total.requires_grad:
             grads = torch.autograd.grad(total, preds, allow_unused=True)
     except Exception as err:  # reported as the case's verdict
+        unknown = _unknown_keyword(err, kwargs)
+        if unknown is not None:
+            # a forward of **kwargs hands them on to a function that takes
+            # no such argument: the case cannot arise in training
+            result.verdict = NOT_APPLICABLE
+            result.message = f'the loss takes no argument {unknown!r}'
+            return result
         result.verdict = REJECTED if case.refusal_ok else ERROR
         result.message = f'{type(err).__name__}: {err}'.splitlines()[0]
         return result
@@ -188,6 +195,23 @@ def run_case(
         result.verdict = ERROR
         result.message = 'the loss returned no tensor'
     return result
+
+
+def _unknown_keyword(err: Exception, kwargs: Dict[str, Any]) -> Optional[str]:
+    """The keyword of ``kwargs`` that ``err`` says a function does not
+    take (``TypeError: f() got an unexpected keyword argument 'x'``), or
+    None."""
+    if not isinstance(err, TypeError):
+        return None
+    text = str(err)
+    return next(
+        (
+            key
+            for key in kwargs
+            if f"unexpected keyword argument '{key}'" in text
+        ),
+        None,
+    )
 
 
 def battery_cases(

@@ -150,6 +150,13 @@ class CtcProbe:
         keys = ('log_probs', 'targets', 'input_lengths', 'target_lengths')
 
         def hook(module: Any, args: Any, kwargs: Any, out: Any) -> None:
+            missing = [k for k in keys[len(args) :] if k not in kwargs]
+            if missing:  # a subclass whose forward takes other arguments
+                self.error = (
+                    f"{name}: called without {', '.join(missing)}; its "
+                    'samples were not checked'
+                )
+                return
             given = list(args) + [kwargs[k] for k in keys[len(args) :]]
             try:
                 found = unaligned_samples(module, name, given)

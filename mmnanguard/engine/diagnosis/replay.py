@@ -64,6 +64,9 @@ class ReplayResult:
             where it was raised.
         ctc_unaligned (list[dict]): The samples a ``CTCLoss`` could not
             align (:func:`~.ctc_alignment.unaligned_samples`).
+        ctc_error (str | None): Why a ``CTCLoss`` call could not be
+            checked for them (its inputs were of a form the probe cannot
+            read); None when every call was checked.
     """
 
     precision: str = 'fp32'
@@ -85,6 +88,7 @@ class ReplayResult:
     exception: Optional[str] = None
     exception_stage: Optional[str] = None
     ctc_unaligned: List[Dict[str, Any]] = field(default_factory=list)
+    ctc_error: Optional[str] = None
 
     @property
     def finite(self) -> bool:
@@ -239,6 +243,7 @@ def replay_batch(
         result.grad_first = probe.grad_first
         result.param_grads = probe.param_grads
         result.ctc_unaligned = ctc.found
+        result.ctc_error = ctc.error
         first = first_out_of_range(probe.magnitudes, result.precision)
         result.magnitude_first = None if first is None else _json_safe(first)
         result.magnitude_top = [

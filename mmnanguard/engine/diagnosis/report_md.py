@@ -68,6 +68,8 @@ def _sample_name(sample: Dict[str, Any]) -> str:
         return osp.basename(str(path)) + (f' ({field})' if field else '')
     if sample.get('img_id') is not None:
         return f"image id {sample['img_id']}"
+    if sample.get('sample_idx') is not None:
+        return f"dataset index {sample['sample_idx']} (no file named)"
     return 'a sample that names no file'
 
 
@@ -149,6 +151,11 @@ def _replay_lines(title: str, replay: Dict[str, Any]) -> List[str]:
             )
     for entry in replay.get('ctc_unaligned') or []:
         lines.append(f'  - CTC cannot align {describe_unaligned(entry)}')
+    if replay.get('ctc_error'):
+        lines.append(
+            '  - CTC alignment of the samples not checked: '
+            f"{replay['ctc_error']}"
+        )
     buffers = replay.get('nonfinite_buffers') or []
     if buffers:
         lines.append(

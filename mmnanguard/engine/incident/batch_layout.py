@@ -57,13 +57,16 @@ def _file_field(meta: Mapping) -> Optional[Tuple[str, str]]:
 def _source(meta: Any) -> Dict[str, Any]:
     """The :data:`SOURCE_KEYS` of a sample's metainfo; without an
     ``img_path``, the file another field names (and ``path_field``, that
-    field's name)."""
+    field's name), else the dataset index (``sample_idx``, kept by
+    :class:`~.sample_origin.KeepSampleOrigin`)."""
     meta = meta if isinstance(meta, Mapping) else {}
     record = {key: meta.get(key) for key in SOURCE_KEYS}
     if record['img_path'] is None:
         found = _file_field(meta)
         if found is not None:
             record['path_field'], record['img_path'] = found
+        elif isinstance(meta.get('sample_idx'), int):
+            record['sample_idx'] = meta['sample_idx']
     return record
 
 
@@ -75,6 +78,16 @@ def _image_count(data: Mapping, samples: Mapping) -> Optional[int]:
         return len(inputs)
     metas = samples.get('img_metas')
     return len(metas) if isinstance(metas, (list, tuple)) else None
+
+
+def _class_labels(sample: Any) -> Any:
+    """A classifier's class labels: ``gt_label`` (mmpretrain, mmaction2
+    1.2), or the tensor ``gt_labels.item`` (mmaction2 1.0 and 1.1)."""
+    labels = _field(sample, 'gt_label')
+    if labels is None:
+        item = _field(_field(sample, 'gt_labels'), 'item')
+        labels = item if isinstance(item, torch.Tensor) else None
+    return labels
 
 
 def _sample_record(sample: Any) -> Dict[str, Any]:
@@ -90,7 +103,7 @@ def _sample_record(sample: Any) -> Dict[str, Any]:
         labels=_field(instances, 'labels'),
         keypoints=_field(instances, 'keypoints'),
         keypoints_visible=_field(instances, 'keypoints_visible'),
-        class_labels=_field(sample, 'gt_label'),
+        class_labels=_class_labels(sample),
         seg_map=_field(_field(sample, 'gt_sem_seg'), 'data'),
     )
     return record
@@ -163,12 +176,13 @@ def sample_records(data: Any) -> List[Dict[str, Any]]:
 
 def sample_sources(data: Any) -> List[Dict[str, Any]]:
     """``img_path``, ``img_id`` and ``seg_map_path`` of every image of a
-    batch (see :func:`sample_records`), and ``path_field`` where the file
-    came from another metainfo field than ``img_path``."""
+    batch (see :func:`sample_records`), ``path_field`` where the file
+    came from another metainfo field than ``img_path``, and
+    ``sample_idx`` where no field names a file."""
     return [
         {
             key: record[key]
-            for key in SOURCE_KEYS + ('path_field',)
+            for key in SOURCE_KEYS + ('path_field', 'sample_idx')
             if key in record
         }
         for record in sample_records(data)

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from mmnanguard.config_walk import named_loss_modules
+from mmnanguard.config_walk import is_loss_class
 from mmnanguard.models.losses import CheckedCrossEntropyLoss
 from mmnanguard.models.losses.checked_cross_entropy_loss import (
     check_cross_entropy_labels,
@@ -126,7 +126,10 @@ def hook_cross_entropy(model: nn.Module) -> List[str]:
     """Put the label check on every other class-label cross-entropy of
     ``model`` (see the module docstring): mmdet's and mmseg's, which
     :func:`~.label_checks.wrap_cross_entropy` wraps or leaves alone on
-    purpose (mask losses), are not tried.
+    purpose (mask losses), are not tried. A loss inside a loss that is
+    not a cross-entropy itself is tried in turn (mmocr's ``CEModuleLoss``
+    takes the decoder's outputs and data samples, and holds the
+    ``nn.CrossEntropyLoss`` that gets the character indices).
 
     Args:
         model (nn.Module): The built model.
@@ -135,15 +138,23 @@ def hook_cross_entropy(model: nn.Module) -> List[str]:
         list[str]: The paths of the modules checked now.
     """
     upstream = (CheckedCrossEntropyLoss, *upstream_cross_entropy_types())
-    hooked = []
-    for path, module in named_loss_modules(model):
-        if isinstance(module, upstream):
+    hooked: List[str] = []
+    settled: List[str] = []  # hooked or upstream: nothing inside is tried
+    for name, module in model.named_modules():
+        if not is_loss_class(type(module)):
             continue
-        if getattr(module, '_nanguard_label_check', False):
+        if any(name.startswith(f'{outer}.') for outer in settled):
+            continue
+        path = f'model.{name}' if name else 'model'
+        if isinstance(module, upstream) or getattr(
+            module, '_nanguard_label_check', False
+        ):
+            settled.append(name)
             continue
         if not is_class_label_cross_entropy(module):
             continue
         module.register_forward_pre_hook(_label_check(path), with_kwargs=True)
-        module._nanguard_label_check = True  # type: ignore[assignment]
+        module._nanguard_label_check = True
+        settled.append(name)
         hooked.append(path)
     return hooked

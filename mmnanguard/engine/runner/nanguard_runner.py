@@ -72,6 +72,7 @@ from mmengine.runner import Runner
 from mmnanguard.registry import RUNNERS, register_shared
 
 from ..incident.batch_layout import keep_sample_names
+from ..incident.sample_origin import keep_sample_origin
 from .checkpoint_agreement import agree_before_save
 from .durable_checkpoint import durable_backend_args
 from .protected_runner import (
@@ -146,12 +147,15 @@ class NanGuardRunner(ProtectedRunnerMixin, Runner):
         """``Runner.build_dataloader``, with a collate function that keeps
         the file names of a batch whose ``data_samples`` it packs into a
         dict (mmyolo's ``yolov5_collate``), for the incident reports
-        (:class:`~mmnanguard.engine.incident.batch_layout.KeepSampleNames`).
+        (:class:`~mmnanguard.engine.incident.batch_layout.KeepSampleNames`),
+        and dataset pipelines that keep each sample's file and index
+        (:class:`~mmnanguard.engine.incident.sample_origin.KeepSampleOrigin`).
 
         Returns:
             DataLoader: The built dataloader.
         """
-        return keep_sample_names(Runner.build_dataloader(*args, **kwargs))
+        loader = Runner.build_dataloader(*args, **kwargs)
+        return keep_sample_origin(keep_sample_names(loader))
 
     # -- the optim wrapper ----------------------------------------------------
     def build_optim_wrapper(self, optim_wrapper: Any) -> Any:

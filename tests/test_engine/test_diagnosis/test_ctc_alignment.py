@@ -23,7 +23,10 @@ from mmnanguard.engine.diagnosis.ctc_alignment import (
     name_samples,
     unaligned_samples,
 )
-from mmnanguard.engine.diagnosis.report_md import verdict_lines
+from mmnanguard.engine.diagnosis.report_md import (
+    render_markdown,
+    verdict_lines,
+)
 
 ALPHABET = 'abcdefghijklmnopqrstuvwxyz'
 
@@ -157,12 +160,9 @@ def test_the_probe_leaves_no_hook():
     assert probe.found == [] and probe.error is None
 
 
-def test_the_unaligned_word_is_named_in_the_diagnosis():
-    model = Recognizer()
-    words = ['abc', 'bookkeeper', 'ok']
-    data_batch = _batch(words)
-    with torch.no_grad():  # the precondition: the batch's loss is inf
-        assert math.isinf(model(**data_batch)['loss_ctc'].item())
+def _diagnosed(model, data_batch):
+    """The incident report of a non-finite loss on ``data_batch``, with
+    the diagnosis applied."""
     report = dict(kind='nonfinite_loss', iteration=2, history=[])
     found = diagnose(
         model,
@@ -171,6 +171,16 @@ def test_the_unaligned_word_is_named_in_the_diagnosis():
         replay_state='test',
     )
     found.apply_to(report)
+    return report
+
+
+def test_the_unaligned_word_is_named_in_the_diagnosis():
+    model = Recognizer()
+    words = ['abc', 'bookkeeper', 'ok']
+    data_batch = _batch(words)
+    with torch.no_grad():  # the precondition: the batch's loss is inf
+        assert math.isinf(model(**data_batch)['loss_ctc'].item())
+    report = _diagnosed(model, data_batch)
     (entry,) = report['evidence']['replay']['ctc_unaligned']
     assert entry == dict(
         module='head.ctc_loss',
@@ -212,3 +222,42 @@ def test_name_samples_without_files_or_text():
     (entry,) = name_samples(found, dict(inputs=None, data_samples=None))
     assert 'img_path' not in entry and 'text' not in entry
     assert describe_unaligned(entry).startswith('sample 0 (batch sample 0)')
+
+
+class LengthlessCTCLoss(nn.CTCLoss):
+    """A user's CTC loss that takes padded targets only and works out the
+    lengths itself: the probe cannot read a call of this form."""
+
+    def forward(self, log_probs, targets):
+        frames = torch.full((log_probs.shape[1],), log_probs.shape[0])
+        lengths = (targets > 0).sum(1)
+        return super().forward(log_probs, targets, frames, lengths)
+
+
+def test_a_call_the_probe_cannot_read_is_said_in_the_report():
+    model = Recognizer()
+    model.head.ctc_loss = LengthlessCTCLoss()
+
+    def forward(inputs, data_samples=None, mode='loss'):
+        columns = torch.stack(inputs).float()[:, 0, :4, : model.frames]
+        log_probs = model.encoder(columns.permute(2, 0, 1)).log_softmax(-1)
+        targets = torch.zeros(len(data_samples), 10, dtype=torch.long)
+        for i, sample in enumerate(data_samples):
+            word = [ALPHABET.index(c) + 1 for c in sample.gt_text.item]
+            targets[i, : len(word)] = torch.tensor(word)
+        return dict(loss_ctc=model.head.ctc_loss(log_probs, targets))
+
+    model.forward = forward
+    data_batch = _batch(['abc', 'bookkeeper'])
+    report = _diagnosed(model, data_batch)
+    replay = report['evidence']['replay']
+    # the replay itself ran: the loss is inf, as torch computes it
+    assert replay['loss_terms']['loss_ctc'] == 'inf'
+    assert replay['ctc_unaligned'] == []
+    assert replay['ctc_error'] == (
+        'head.ctc_loss: called without input_lengths, target_lengths; its '
+        'samples were not checked'
+    )
+    assert '  - CTC alignment of the samples not checked: ' + replay[
+        'ctc_error'
+    ] in render_markdown(report)

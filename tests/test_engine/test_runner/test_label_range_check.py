@@ -113,3 +113,37 @@ def test_mmdet_cross_entropy_keeps_its_wrapper_and_is_not_hooked_twice():
     assert hook_cross_entropy(other) == ['model.loss_cls']
     assert hook_cross_entropy(other) == []  # once
     assert len(other.loss_cls._forward_pre_hooks) == 1
+
+
+class SequenceModuleLoss(nn.Module):
+    """A loss of a toolbox's own inputs (as mmocr's ``CEModuleLoss``): it
+    takes the decoder's ``(N, T, C)`` outputs and per-sample targets, and
+    holds the cross-entropy that gets ``(N, C, T)`` scores and ``(N, T)``
+    character indices, padded with ``ignore_index``."""
+
+    def __init__(self, padding=3):
+        super().__init__()
+        self.loss_ce = nn.CrossEntropyLoss(ignore_index=padding)
+
+    def forward(self, outputs, data_samples):
+        targets = torch.stack([s['indices'] for s in data_samples])
+        return dict(loss_ce=self.loss_ce(outputs.permute(0, 2, 1), targets))
+
+
+def test_the_cross_entropy_inside_another_loss_is_checked():
+    head = Head(SequenceModuleLoss())
+    assert not is_class_label_cross_entropy(head.loss_cls)
+    assert hook_cross_entropy(head) == ['model.loss_cls.loss_ce']
+    outputs = torch.randn(2, 4, 3)  # 2 words, 4 steps, 3 characters
+    good = [dict(indices=torch.tensor([0, 2, 3, 3]))] * 2
+    expected = F.cross_entropy(
+        outputs.permute(0, 2, 1),
+        torch.stack([s['indices'] for s in good]),
+        ignore_index=3,
+    )
+    assert torch.allclose(head.loss_cls(outputs, good)['loss_ce'], expected)
+    bad = good[:1] + [dict(indices=torch.tensor([0, 4, 3, 3]))]
+    with pytest.raises(InvalidLabelError) as err:
+        head.loss_cls(outputs, bad)
+    assert 'label value 4 is outside [0, 3)' in str(err.value)
+    assert 'CrossEntropyLoss at model.loss_cls.loss_ce' in str(err.value)

@@ -37,12 +37,12 @@ case "$STACK" in
         MMCV_CXX=20 PRESENT="mmdet mmrotate mmseg" ABSENT="" EDITABLE=0
         TORCH_VERSION=2.14.1 TORCHVISION_VERSION=0.29.1 ;;
     toolboxes)
-        # mmyolo, mmpretrain, mmpose and mmocr beside the pinned mmdet 3.1.0:
+        # mmyolo, mmpretrain, mmpose, mmocr, mmaction2 beside mmdet 3.1.0:
         # they need mmcv < 2.1.0 and import torchvision, which has no CPU
         # build for torch 2.13.0, so this stack takes the onedl stack's torch
         # 2.14.1 / torchvision 0.29.1 and compiles mmcv 2.0.1 against it.
         STACK_VENV=.venv-toolboxes MMCV_DIST=mmcv MMCV_VERSION=2.0.1
-        MMCV_CXX=20 PRESENT="mmdet mmyolo mmpretrain mmpose mmocr"
+        MMCV_CXX=20 PRESENT="mmdet mmyolo mmpretrain mmpose mmocr mmaction"
         ABSENT="mmrotate"
         EDITABLE=0 TORCH_VERSION=2.14.1 TORCHVISION_VERSION=0.29.1 ;;
     core)
