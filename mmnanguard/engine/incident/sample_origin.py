@@ -19,8 +19,16 @@ tensors are the pipeline's own.
 
 from typing import Any, Dict, List, Optional
 
-#: Parts of a data info key that say its value names a file or folder.
-FILE_KEY_PARTS = ('path', 'file', 'dir')
+#: Last words of a data info key (split at ``_``) that say its value names
+#: a file or folder: ``img_path``, ``seg_map_path``, ``filename``,
+#: ``frame_dir``, ``gt_path``, ``file_name``. A key that only contains such
+#: a word (``flip_direction``) does not.
+FILE_KEY_ENDS = ('path', 'file', 'filename', 'dir', 'folder', 'file_name')
+
+
+def _names_a_file(key: str) -> bool:
+    words = key.lower().split('_')
+    return words[-1] in FILE_KEY_ENDS or '_'.join(words[-2:]) in FILE_KEY_ENDS
 
 
 def origin_fields(info: Any) -> Dict[str, Any]:
@@ -31,7 +39,7 @@ def origin_fields(info: Any) -> Dict[str, Any]:
 
     Returns:
         dict: ``sample_idx`` (where an int) and the non-empty string fields
-        whose key contains one of :data:`FILE_KEY_PARTS`.
+        whose key ends with one of :data:`FILE_KEY_ENDS`.
     """
     if not isinstance(info, dict):
         return {}
@@ -41,7 +49,7 @@ def origin_fields(info: Any) -> Dict[str, Any]:
         if isinstance(key, str)
         and isinstance(value, str)
         and value
-        and any(part in key for part in FILE_KEY_PARTS)
+        and _names_a_file(key)
     }
     idx = info.get('sample_idx')
     if isinstance(idx, int) and not isinstance(idx, bool):

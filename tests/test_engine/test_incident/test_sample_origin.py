@@ -49,6 +49,12 @@ class ListDataset(BaseDataset):
         ),
         (dict(frame_dir='clips/a', label=1), dict(frame_dir='clips/a')),
         (dict(img_path='x.png', text='hello'), dict(img_path='x.png')),
+        (
+            dict(file_name='P0001.png', gt_path='hr/1.png', flip='x'),
+            dict(file_name='P0001.png', gt_path='hr/1.png'),
+        ),
+        # a key that only contains such a word names no file
+        (dict(flip_direction='horizontal', profile='a'), {}),
         # empty strings, non-strings, and a bool index are not origins
         (dict(filename='', sample_idx=True, file_id=7), {}),
         ('not a dict', {}),
