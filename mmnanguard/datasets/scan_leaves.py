@@ -93,7 +93,7 @@ class ScanLeaf:
         )
 
 
-def _inner(dataset: Any) -> Optional[List[Any]]:
+def inner_datasets(dataset: Any) -> Optional[List[Any]]:
     """The datasets a wrapper holds, or None for a dataset that loads."""
     if hasattr(dataset, 'pipeline') and not hasattr(dataset, 'dataset'):
         return None
@@ -123,7 +123,7 @@ def scan_leaves(dataset: Any) -> Tuple[List[ScanLeaf], List[str]]:
 
     def walk(node: Any) -> None:
         nonlocal offset
-        inner = _inner(node)
+        inner = inner_datasets(node)
         if inner is None:
             leaves.append(ScanLeaf.of(node, offset))
             offset += len(node)

@@ -24,9 +24,12 @@ import torch
 import torch.nn.functional as F
 from mmengine.config import Config
 from stack_marks import needs_mmaction
-from toolbox_runs import check_protected_run, train_protected, upstream_config
-
-from mmnanguard import cli
+from toolbox_runs import (
+    check_protected_run,
+    load_tool,
+    train_protected,
+    upstream_config,
+)
 
 pytestmark = [pytest.mark.stack_smoke, needs_mmaction]
 
@@ -142,15 +145,6 @@ def test_slowonly_protected(tmp_path, video_root):
     assert type(model.backbone).__name__ == 'ResNet3dSlowOnly'
 
 
-def _tool(name):
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(name, cli.tool_path(name))
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)
-    return tool
-
-
 def test_replay_from_the_reports_line(tmp_path, video_root, capsys):
     """``tools/replay.py INCIDENT --config CFG``, as ``report.md`` gives
     it: the batch file (mmaction2's ``ActionDataSample`` and its
@@ -165,7 +159,7 @@ def test_replay_from_the_reports_line(tmp_path, video_root, capsys):
     config = str(tmp_path / 'replay_config.py')
     cfg.dump(config)
     capsys.readouterr()
-    code = _tool('replay').main([report['folder'], '--config', config])
+    code = load_tool('replay').main([report['folder'], '--config', config])
     out = capsys.readouterr().out
     assert code == 0, out
     assert 'replay (fp32): finite' in out
@@ -185,7 +179,9 @@ def test_check_dataset_reads_the_videos(tmp_path, video_root, capsys):
     range it cannot check (mmaction2's metainfo has no classes) said."""
     config = _shrunk_config(tmp_path, video_root, TSN)
     out = str(tmp_path / 'scan.json')
-    code = _tool('check_dataset').main([config, '--no-progress', '--out', out])
+    code = load_tool('check_dataset').main(
+        [config, '--no-progress', '--out', out]
+    )
     stdout = capsys.readouterr().out
     assert code == 0, stdout
     with open(out) as f:
@@ -202,7 +198,7 @@ def test_check_loss_finds_the_heads_own_loss(tmp_path, capsys):
     arguments it does not take are not applicable, and the one failing
     case is the one where torch's cross-entropy itself is NaN."""
     out = str(tmp_path / 'tsn.json')
-    code = _tool('check_loss').main(
+    code = load_tool('check_loss').main(
         [upstream_config('mmaction', TSN), '--json', out]
     )
     stdout = capsys.readouterr().out
@@ -235,7 +231,7 @@ def test_check_loss_finds_the_heads_own_loss(tmp_path, capsys):
 )
 def test_doctor_on_tsn(tmp_path, gpus, expected):
     out = str(tmp_path / 'doctor.json')
-    _tool('doctor').main(
+    load_tool('doctor').main(
         [upstream_config('mmaction', TSN), '--gpus', str(gpus), '--json', out]
     )
     with open(out) as f:

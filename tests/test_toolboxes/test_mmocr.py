@@ -20,6 +20,7 @@ from stack_marks import needs_mmocr
 from toolbox_runs import (
     BATCH,
     check_protected_run,
+    load_tool,
     train_protected,
     upstream_config,
 )
@@ -383,7 +384,7 @@ def test_crnn_unalignable_label(tmp_path, capsys):
     config = str(tmp_path / 'replay_config.py')
     runner.cfg.dump(config)
     capsys.readouterr()
-    code = _load_tool('replay').main([report['folder'], '--config', config])
+    code = load_tool('replay').main([report['folder'], '--config', config])
     out = capsys.readouterr().out
     assert code == 0, out
     assert 'CTC cannot align 1 sample(s)' in out and bad_file in out
@@ -397,7 +398,7 @@ def test_check_dataset_finds_the_label_ctc_cannot_align(tmp_path, capsys):
     file and text."""
     from mmengine.config import Config
 
-    tool = _load_tool('check_dataset')
+    tool = load_tool('check_dataset')
     root = str(tmp_path / 'data')
     words = WORDS[:5] + [UNALIGNABLE]
     paths = write_textrecog_set(root, words)
@@ -420,17 +421,6 @@ def test_check_dataset_finds_the_label_ctc_cannot_align(tmp_path, capsys):
     assert 'Also checked: ctc_alignment, 6 sample(s)' in stdout
 
 
-def _load_tool(name):
-    import importlib.util
-
-    from mmnanguard import cli
-
-    spec = importlib.util.spec_from_file_location(name, cli.tool_path(name))
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)
-    return tool
-
-
 def test_check_loss_exercises_crnns_ctc_and_dbnets_inner_losses(
     tmp_path, capsys
 ):
@@ -440,7 +430,7 @@ def test_check_loss_exercises_crnns_ctc_and_dbnets_inner_losses(
     CTC's cases, the two unalignable targets failing until
     ``zero_infinity=True``; DBNet's ``DBModuleLoss`` is exercised through
     the three losses it holds."""
-    tool = _load_tool('check_loss')
+    tool = load_tool('check_loss')
     out = str(tmp_path / 'crnn.json')
     crnn = upstream_config('mmocr', CRNN)
     assert tool.main([crnn, '--json', out]) == 1

@@ -27,6 +27,19 @@ MAX_ITERS = 3
 BATCH = 2
 
 
+def load_tool(name: str) -> Any:
+    """The module of the installed ``tools/NAME.py`` (its ``main(argv)``
+    is what the command line runs)."""
+    import importlib.util
+
+    from mmnanguard import cli
+
+    spec = importlib.util.spec_from_file_location(name, cli.tool_path(name))
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    return tool
+
+
 def upstream_config(package: str, relative: str) -> str:
     """A config of the installed toolbox's model zoo (``.mim/configs``)."""
     root = osp.dirname(import_module(package).__file__)

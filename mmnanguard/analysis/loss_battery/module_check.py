@@ -245,18 +245,15 @@ def _unwritten_losses(
 
 
 def _holder_num_classes(model: nn.Module, path: str) -> Optional[int]:
-    """``num_classes`` of the nearest module above ``path`` that has an
-    int one (a head), or None."""
+    """``num_classes`` of the nearest module above ``path`` (the model
+    itself last) that has an int one (a head), or None."""
     parts = path.split('.')[1:-1]  # without 'model' and the loss itself
-    while parts:
-        value = getattr(
-            model.get_submodule('.'.join(parts)), 'num_classes', None
-        )
+    for end in range(len(parts), -1, -1):
+        holder = model.get_submodule('.'.join(parts[:end]))
+        value = getattr(holder, 'num_classes', None)
         if isinstance(value, int) and not isinstance(value, bool):
             return value
-        parts.pop()
-    value = getattr(model, 'num_classes', None)
-    return value if isinstance(value, int) else None
+    return None
 
 
 def _built_model(cfg: Any, scope: Optional[str]) -> Optional[nn.Module]:

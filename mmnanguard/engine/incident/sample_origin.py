@@ -19,6 +19,8 @@ tensors are the pipeline's own.
 
 from typing import Any, Dict, List, Optional
 
+from mmnanguard.datasets.scan_leaves import inner_datasets
+
 #: Last words of a data info key (split at ``_``) that say its value names
 #: a file or folder: ``img_path``, ``seg_map_path``, ``filename``,
 #: ``frame_dir``, ``gt_path``, ``file_name``. A key that only contains such
@@ -89,21 +91,17 @@ class KeepSampleOrigin:
 
 
 def _loading_datasets(dataset: Any) -> List[Any]:
-    """The datasets under ``dataset`` that have a pipeline of their own
-    (through ``datasets``/``dataset`` wrappers)."""
-    out: List[Any] = []
-    stack = [dataset]
-    while stack:
-        node = stack.pop()
-        if node is None or any(node is seen for seen in out):
-            continue
-        if callable(getattr(node, 'pipeline', None)):
-            out.append(node)
-        many = getattr(node, 'datasets', None)
-        if isinstance(many, (list, tuple)):
-            stack.extend(many)
-        stack.append(getattr(node, 'dataset', None))
-    return out
+    """The datasets under ``dataset`` that load samples with a pipeline of
+    their own, through the wrappers
+    (:func:`~mmnanguard.datasets.scan_leaves.inner_datasets`)."""
+    if dataset is None:
+        return []
+    inner = inner_datasets(dataset)
+    if inner is None:
+        return (
+            [dataset] if callable(getattr(dataset, 'pipeline', None)) else []
+        )
+    return [leaf for child in inner for leaf in _loading_datasets(child)]
 
 
 def keep_sample_origin(loader: Any) -> Optional[Any]:
