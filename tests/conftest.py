@@ -132,3 +132,21 @@ def tiny_cityscapes_root(tmp_path_factory):
     root = tmp_path_factory.mktemp('tiny_cityscapes')
     generate_cityscapes(str(root), num_images=4, seed=0)
     return str(root)
+
+
+@pytest.fixture
+def incident_writes(monkeypatch):
+    """The names of the incident files written from now on, in order (every
+    incident file goes through ``safe_write.write_at``)."""
+    from mmnanguard.engine.incident import recorder, safe_write
+
+    names = []
+    original = safe_write.write_at
+
+    def counting(dir_fd, name, data):
+        names.append(name)
+        original(dir_fd, name, data)
+
+    monkeypatch.setattr(safe_write, 'write_at', counting)
+    monkeypatch.setattr(recorder, 'write_at', counting)
+    return names

@@ -4,7 +4,7 @@
 from ..incident import NotAnIncidentError, load_incident
 from .batch_checks import check_batch, model_classes
 from .classify import CAUSES, classify
-from .diagnose import diagnose, write_diagnosis
+from .diagnose import diagnose, write_diagnosis, write_diagnosis_files
 from .outcome import Diagnosis
 from .probe import ActivationProbe
 from .replay import ReplayResult, replay_batch
@@ -20,6 +20,7 @@ __all__ = [
     'Diagnosis',
     'diagnose',
     'write_diagnosis',
+    'write_diagnosis_files',
     'NotAnIncidentError',
     'load_incident',
     'ActivationProbe',

@@ -193,14 +193,28 @@ def _plain(report: ReportData) -> Dict[str, Any]:
     return report.to_dict() if isinstance(report, IncidentReport) else report
 
 
+def write_diagnosis_files(report: ReportData, folder: str) -> Dict[str, str]:
+    """Write ``report.md`` and ``timeline.png`` (the incident's own
+    ``report.json`` is the recorder's to write, once).
+
+    Returns:
+        dict: The paths, by file name.
+    """
+    return {
+        'report.md': write_markdown(report, folder),
+        'timeline.png': write_timeline(report, folder),
+    }
+
+
 def write_diagnosis(report: ReportData, folder: str) -> Dict[str, str]:
-    """Write ``report.json``, ``report.md`` and ``timeline.png``.
+    """Rewrite ``report.json`` of an existing incident folder with the
+    diagnosis, and write ``report.md`` and ``timeline.png`` (an offline
+    replay's ``--write``).
 
     Returns:
         dict: The paths, by file name.
     """
     return {
         'report.json': write_report_json(report, folder),
-        'report.md': write_markdown(report, folder),
-        'timeline.png': write_timeline(report, folder),
+        **write_diagnosis_files(report, folder),
     }

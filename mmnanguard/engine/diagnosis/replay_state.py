@@ -2,8 +2,8 @@
 """Which model state an in-training replay starts from, and in which
 precision.
 
-The incident listeners run after the incident is written and before the
-guard's policy acts. At that moment:
+The incident listeners run while the incident folder is written (before
+its ``report.json``) and before the guard's policy acts. At that moment:
 
 * ``nonfinite_loss`` / ``nonfinite_grad``: the guard skipped backward or
   dropped the step, so the live weights are exactly the state just before

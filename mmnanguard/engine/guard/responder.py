@@ -21,7 +21,12 @@ from .exceptions import (
 )
 from .finite import nonfinite_paths
 from .history import IterationHistory
-from .incident_event import IncidentEvent, IterationTrace, Listener
+from .incident_event import (
+    IncidentEvent,
+    IterationTrace,
+    Listener,
+    ListenersTurn,
+)
 from .lr_backoff import LrBackoff, describe_lr_pairs, live_lrs
 from .policy import decide_action
 from .recovery import Recovery
@@ -330,19 +335,17 @@ class GuardResponder:
             top_grad_params=top,
             **extra,
         )
-        folder = self._write(
-            report, trace, iteration, action is IncidentAction.RAISE
-        )
-        self.last_report = report
         event = IncidentEvent(
             report=report,
-            folder=folder,
+            folder=None,
             data_batch=trace.data_batch,
             rng_state=trace.rng_state,
             snapshots=tuple(self.snapshots),
         )
-        for listener in self.listeners:
-            listener(runner, event)
+        turn = ListenersTurn(runner, event, self.listeners)
+        force = action is IncidentAction.RAISE
+        turn.finish(self._write(report, trace, iteration, force, turn))
+        self.last_report = report
         message = describe(report)
         runner.logger.error(f'nanguard: {message}')
         if action is IncidentAction.RAISE:
@@ -363,9 +366,7 @@ class GuardResponder:
                     f'{self.recovery.ramp_note()}'
                 )
 
-    def _write(
-        self, report, trace: IterationTrace, iteration: int, force: bool
-    ) -> Optional[str]:
+    def _write(self, report, trace, iteration, force, fill) -> Optional[str]:
         batch = None
         if self.settings.save_batch:
             batch = dict(
@@ -375,7 +376,7 @@ class GuardResponder:
             )
         data = report.to_dict()
         recorder = started(self.recorder, 'the incident recorder')
-        folder = recorder.record(data, batch, force=force)
+        folder = recorder.record(data, batch, force=force, fill=fill)
         report.report_path = data.get('report_path')
         report.write_error = data.get('write_error')
         return folder

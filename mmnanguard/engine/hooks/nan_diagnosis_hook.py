@@ -2,6 +2,7 @@
 """NanDiagnosisHook: name the first module, loss term and sample that went
 non-finite, where and why, for every distinct incident."""
 
+import os.path as osp
 import traceback
 from typing import Optional
 
@@ -10,7 +11,12 @@ from mmengine.hooks import Hook
 
 from mmnanguard.registry import HOOKS, register_shared
 
-from ..diagnosis import amp_settings, diagnose, replay_model, write_diagnosis
+from ..diagnosis import (
+    amp_settings,
+    diagnose,
+    replay_model,
+    write_diagnosis_files,
+)
 from ..diagnosis.distinct import DiagnosisLog
 from ..diagnosis.replay_state import replay_unavailable
 from ..diagnosis.report_md import write_repeat_markdown
@@ -23,7 +29,6 @@ from ..incident import (
     IncidentAction,
     IncidentKind,
     write_incident_file,
-    write_report_json,
 )
 from .nanguard_hook import NanGuardHook
 
@@ -48,11 +53,14 @@ class NanDiagnosisHook(Hook):
     batch's pixels, boxes, labels and segmentation maps; under AMP replays once
     more in fp32; and classifies the cause (``data``, ``forward``, ``loss``,
     ``backward``, ``explosion``, ``transient``, ``recurring``, ``optimizer``),
-    the ``stage`` and whether the replay ``reproduced`` it. It writes
+    the ``stage`` and whether the replay ``reproduced`` it. It puts
     ``cause``, ``stage``, ``reproduced``, ``evidence`` and ``diagnosis`` into
-    ``report.json``, adds ``report.md`` and ``timeline.png``, and, for
+    the report, adds ``report.md`` and ``timeline.png``, and, for
     ``tools/replay.py``, the run's config (``config.py``) and the replayed
-    weights (``model.pth``, a plain state dict) to the incident folder. The
+    weights (``model.pth``, a plain state dict) to the incident folder. It
+    runs while the folder is written, under its temporary name: the folder
+    appears with ``report.json`` complete, written once (see
+    :class:`~mmnanguard.engine.guard.incident_event.ListenersTurn`). The
     verdict is logged as an error. A repeat of a diagnosed incident gets
     ``repeat_of`` (the earlier folder, iteration, cause and stage) in its
     ``report.json`` and a ``report.md`` saying so, without a replay; a repeat
@@ -138,7 +146,7 @@ class NanDiagnosisHook(Hook):
         """The listener: diagnose, write the files, log the verdict.
 
         Nothing here can stop training: a failure (a full disk included)
-        is logged, recorded as ``diagnosis_error`` where it can be, and
+        is logged, recorded as ``diagnosis_error`` in the report, and
         training goes on under the guard's policy.
         """
         folder = event.folder
@@ -152,13 +160,6 @@ class NanDiagnosisHook(Hook):
                 'nanguard: the diagnosis failed; training goes on under '
                 f'the guard policy:\n{traceback.format_exc()}'
             )
-            try:
-                write_report_json(event.report, folder)
-            except OSError as write_err:
-                runner.logger.error(
-                    f'nanguard: could not record that in {event.folder}: '
-                    f'{write_err}'
-                )
 
     def _respond(self, runner, event: IncidentEvent, folder: str) -> None:
         report = event.report
@@ -171,7 +172,6 @@ class NanDiagnosisHook(Hook):
         unavailable = replay_unavailable(runner.model)
         if unavailable is not None:
             report['diagnosis_skipped'] = unavailable
-            write_report_json(report, folder)
             runner.logger.warning(f'nanguard diagnosis: {unavailable}')
             return
         # the incident that stops training is always diagnosed in full:
@@ -183,8 +183,7 @@ class NanDiagnosisHook(Hook):
             recurs_after, earlier = earlier, None
         if earlier is not None and not stopping:
             report['repeat_of'] = earlier
-            write_report_json(report, folder)
-            write_repeat_markdown(report, folder)
+            write_repeat_markdown(report, event.files_folder or folder)
             runner.logger.warning(
                 f"nanguard diagnosis: the incident at iteration "
                 f"{report['iteration']} repeats {earlier['folder']} "
@@ -197,7 +196,6 @@ class NanDiagnosisHook(Hook):
                 f'max_diagnoses={self.max_diagnoses} distinct incidents '
                 'were diagnosed already'
             )
-            write_report_json(report, folder)
             return
         try:
             self._diagnose(runner, event, folder, recurs_after)
@@ -218,13 +216,14 @@ class NanDiagnosisHook(Hook):
             if report['kind'] == IncidentKind.NONFINITE_PARAMS
             else []
         )
+        files = event.files_folder or folder
         with replay_model(runner, report, event.snapshots) as (model, state):
             if self.save_model:
                 state_dict = {
                     k: v.detach().cpu() for k, v in model.state_dict().items()
                 }
                 write_incident_file(
-                    folder, MODEL_NAME, lambda f: torch.save(state_dict, f)
+                    files, MODEL_NAME, lambda f: torch.save(state_dict, f)
                 )
             found = diagnose(
                 model,
@@ -240,10 +239,10 @@ class NanDiagnosisHook(Hook):
                 recurs_after=recurs_after,
             )
         found.apply_to(report)
-        write_incident_file(folder, CONFIG_NAME, runner.cfg.pretty_text)
-        paths = write_diagnosis(report, folder)
+        write_incident_file(files, CONFIG_NAME, runner.cfg.pretty_text)
+        write_diagnosis_files(report, files)
         verdict = '\n  '.join(report['diagnosis']['verdict'])
         runner.logger.error(
             f'nanguard diagnosis:\n  {verdict}\n  '
-            f"details: {paths['report.md']}"
+            f"details: {osp.join(folder, 'report.md')}"
         )

@@ -151,8 +151,9 @@ class NanGuardHook(Hook):
         return self.responder.spike_detector
 
     def subscribe(self, listener: Listener) -> None:
-        """Call ``listener(runner, event)`` for every incident, after its
-        folder is written and before the policy acts."""
+        """Call ``listener(runner, event)`` for every incident, while its
+        folder is written (``batch.pth`` in it, ``report.json`` written
+        after the listeners) and before the policy acts."""
         if listener not in self.responder.listeners:
             self.responder.listeners.append(listener)
 

@@ -13,19 +13,25 @@ and the incident is recorded and diagnosed, naming the file and the
 record. With clean data the exception is a bug, not a data fault: it is
 logged with the batch's files and raised.
 
-Under ``torch.distributed`` the exception is raised as it is: the other
-ranks would wait in the collective of a backward this rank never reaches.
+Under ``torch.distributed`` the step cannot be dropped on one rank: the
+other ranks wait in the collectives of a backward this rank never reaches
+(and a loss may hold collectives of its own, as mmdet's ``reduce_mean``,
+which a stand-in backward would not match). The exception is raised, and
+when the data checks fail the log names the records first, with the fix:
+the records themselves, or ``ValidateAnnotations(policy='filter')``, which
+drops such instances before the model.
 """
 
 import logging
 from typing import Any, Dict, List, Optional
 
-from mmengine.dist import get_world_size
+from mmengine.dist import get_rank, get_world_size
 from mmengine.logging import print_log
 
 from mmnanguard.function_marks import mark
 
 from ..diagnosis.batch_checks import check_batch, model_classes
+from ..diagnosis.finding_words import describe_finding
 from ..guard.exceptions import (
     NUMERICAL_ERRORS,
     describe_error,
@@ -38,6 +44,33 @@ from ..incident.batch_layout import sample_name
 
 def _files(data_batch: Any) -> List[str]:
     return [sample_name(s) for s in samples_of(data_batch)]
+
+
+def _log_distributed_stop(
+    what: str, stage: str, iteration: int, findings: List[Dict[str, Any]]
+) -> None:
+    """Name the failed data checks of a batch whose exception stops a
+    distributed run, and the fix."""
+    shown = '\n  '.join(describe_finding(f) for f in findings[:10])
+    more = len(findings) - 10
+    if more > 0:
+        shown += f'\n  ... and {more} more'
+    filter_ = ''
+    if any(f.get('index') is not None for f in findings):  # instances
+        filter_ = (
+            ", or add dict(type='ValidateAnnotations', policy='filter') "
+            'before Pack*Inputs (it drops such instances before the model)'
+        )
+    print_log(
+        f'nanguard: {what} raised in the {stage} at iteration {iteration} '
+        f'on rank {get_rank()}, on a batch whose data checks fail:\n  '
+        f'{shown}\nUnder torch.distributed the step cannot be dropped on '
+        'one rank (the other ranks wait in the collectives of its '
+        f'backward): training stops. Fix or delete these records{filter_}'
+        ', and resume.',
+        logger='current',
+        level=logging.ERROR,
+    )
 
 
 class NumericalErrors:
@@ -83,8 +116,6 @@ class NumericalErrors:
         Returns:
             dict: No log vars (the iteration logged nothing).
         """
-        if get_world_size() > 1:
-            raise err
         stage = raised_stage(err)
         what = describe_error(err)
         iteration = self.step_guard.iteration
@@ -100,6 +131,9 @@ class NumericalErrors:
                 logger='current',
                 level=logging.ERROR,
             )
+            raise err
+        if get_world_size() > 1:
+            _log_distributed_stop(what, stage.value, iteration, findings)
             raise err
         optim_wrapper.zero_grad()
         self.step_guard.drop_raised_iteration(what, stage.value)

@@ -3,11 +3,13 @@
 
 * An incident folder is built under a temporary name
   (``.tmp_incident_<random>``) in ``nanguard/``, every file written into
-  it (:mod:`.safe_write`), ``report.json`` last, and only then renamed to
-  its final name. The rename never replaces anything: when the name exists
-  the next number is taken. A kill leaves either no incident folder or a
-  complete one (and perhaps a ``.tmp_incident_*`` folder, which no reader
-  takes for an incident).
+  it (:mod:`.safe_write`): ``batch.pth``, then what the ``fill`` callback
+  adds (the diagnosis' files), then ``report.json``, once and complete;
+  only then is it renamed to its final name. The rename never replaces
+  anything: when the name exists the next number is taken. A kill (during
+  the diagnosis too) leaves either no incident folder or a complete one
+  (and perhaps a ``.tmp_incident_*`` folder, which no reader takes for an
+  incident).
 * Incidents are numbered from what is on disk: one more than the highest
   ``incident_NNN_*`` in ``nanguard/``, whichever rank wrote it (a rank
   whose peer already wrote the same iteration's incident joins its
@@ -20,7 +22,7 @@ import errno
 import logging
 import os
 import os.path as osp
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 from mmengine.logging import print_log
@@ -122,6 +124,7 @@ class IncidentRecorder:
         batch: Optional[Dict[str, Any]] = None,
         *,
         force: bool = False,
+        fill: Optional['Fill'] = None,
     ) -> Optional[str]:
         """Write the incident; return its folder, or None.
 
@@ -139,6 +142,13 @@ class IncidentRecorder:
                 (the data batch and the RNG states).
             force (bool): Write even when ``max_incidents`` folders exist
                 (the incident that stops training). Defaults to False.
+            fill (Callable, optional): Called as ``fill(files_folder,
+                folder)`` after ``batch.pth`` and before ``report.json``:
+                ``files_folder`` is the temporary folder, to write more
+                files into, and ``folder`` the final one it becomes. It
+                returns the report to write (``report`` completed, a
+                dict). An exception it raises is logged and ``report`` is
+                written as given. Not called when nothing is written.
 
         Returns:
             str | None: The folder; None when ``max_incidents`` folders
@@ -156,7 +166,7 @@ class IncidentRecorder:
             return None
         target = [osp.join(self.root, self.folder_name(0, iteration))]
         try:
-            folder = self._write(report, batch, target)
+            folder = self._write(report, batch, target, fill)
         except Exception as err:  # noqa: BLE001  (logged; never stops a run)
             message = (
                 f'nanguard: could not write the incident folder '
@@ -177,6 +187,7 @@ class IncidentRecorder:
         report: Dict[str, Any],
         batch: Optional[Dict[str, Any]],
         target: List[str],
+        fill: Optional['Fill'] = None,
     ) -> str:
         """Build the folder under a temporary name, rename it into place.
 
@@ -189,7 +200,7 @@ class IncidentRecorder:
             tmp = make_temp_dir(root_fd)
             target[0] = osp.join(self.root, tmp)
             try:
-                name = self._fill_and_rename(root_fd, tmp, report, batch)
+                name = self._fill_and_rename(root_fd, tmp, report, batch, fill)
             except BaseException:
                 remove_temp_dir(root_fd, tmp)
                 raise
@@ -204,6 +215,7 @@ class IncidentRecorder:
         tmp: str,
         report: Dict[str, Any],
         batch: Optional[Dict[str, Any]],
+        fill: Optional['Fill'] = None,
     ) -> str:
         iteration = report['iteration']
         dir_fd = os.open(tmp, DIR_FLAGS, dir_fd=root_fd)
@@ -211,10 +223,19 @@ class IncidentRecorder:
             if batch is not None:
                 write_at(dir_fd, BATCH_NAME, lambda f: torch.save(batch, f))
             number = self.next_number(iteration)
+            written = report
+            if fill is not None:
+                written = _filled(
+                    fill,
+                    report,
+                    osp.join(self.root, tmp),
+                    osp.join(self.root, self.folder_name(number, iteration)),
+                )
             for _ in range(1000):
                 name = self.folder_name(number, iteration)
-                report['report_path'] = osp.join(self.root, name, REPORT_NAME)
-                write_at(dir_fd, REPORT_NAME, json_bytes(report))
+                path = osp.join(self.root, name, REPORT_NAME)
+                report['report_path'] = written['report_path'] = path
+                write_at(dir_fd, REPORT_NAME, json_bytes(written))
                 os.fsync(dir_fd)
                 if rename_noreplace(root_fd, tmp, name):
                     return name
@@ -226,6 +247,27 @@ class IncidentRecorder:
             'no free incident folder name after 1000 tries',
             self.root,
         )
+
+
+#: ``fill(files_folder, folder) -> report``: see
+#: :meth:`IncidentRecorder.record`.
+Fill = Callable[[str, str], Dict[str, Any]]
+
+
+def _filled(
+    fill: Fill, report: Dict[str, Any], files_folder: str, folder: str
+) -> Dict[str, Any]:
+    """The report ``fill`` completes; ``report`` itself when it fails."""
+    try:
+        return fill(files_folder, folder)
+    except Exception as err:  # noqa: BLE001  (logged; the record is kept)
+        print_log(
+            f'nanguard: completing the incident report of {folder} failed '
+            f'({type(err).__name__}: {err}); it is written as recorded',
+            logger='current',
+            level=logging.ERROR,
+        )
+        return report
 
 
 def _warn_if_refused(batch_path: str) -> None:

@@ -21,6 +21,7 @@ from torch import nn
 
 from mmnanguard.datagen import generate_dota
 from mmnanguard.engine.guard import StepGuard
+from mmnanguard.engine.hooks import numerical_errors
 from mmnanguard.engine.hooks.numerical_errors import NumericalErrors
 from mmnanguard.testing import load_tiny_config
 from mmnanguard.testing.tiny_configs import MIM_ROOT
@@ -182,20 +183,64 @@ class Records(logging.Handler):
         self.messages.append(record.getMessage())
 
 
-def test_an_exception_on_clean_data_stops_named():
+def _stopped(batch, iteration):
+    """Run the raising step on ``batch`` at ``iteration``; it must raise.
+
+    Returns:
+        tuple: The guard, the optim wrapper stand-in and the one message
+        logged at ERROR.
+    """
     model = Raising()
     guard = StepGuard({})
-    guard.begin_iteration(2)
+    guard.begin_iteration(iteration)
     NumericalErrors(guard, model).install(model)
     logger = MMLogger.get_current_instance()
     records = Records()
     logger.addHandler(records)
+    wrapper = ZeroGrad()
     try:
         with pytest.raises(torch.linalg.LinAlgError):
-            model.train_step(_batch(0.5), ZeroGrad())
+            model.train_step(batch, wrapper)
     finally:
         logger.removeHandler(records)
     (logged,) = records.messages
+    return guard, wrapper, logged
+
+
+def test_an_exception_on_clean_data_stops_named():
+    guard, _, logged = _stopped(_batch(0.5), 2)
     assert logged.startswith('nanguard: LinAlgError: linalg.inv')
     assert 'iteration 2' in logged and 'passes the data checks' in logged
     assert guard.outcome.verdicts == []
+
+
+def test_under_ddp_the_records_are_named_before_the_raise(monkeypatch):
+    """Under torch.distributed the step is not dropped on one rank; the
+    log names the failed checks and the fix before the exception."""
+    monkeypatch.setattr(numerical_errors, 'get_world_size', lambda: 2)
+    guard, wrapper, logged = _stopped(_batch(float('nan')), 3)
+    assert logged.startswith('nanguard: LinAlgError: ')
+    assert 'iteration 3 on rank 0' in logged
+    assert 'non-finite' in logged  # the failed pixel check, described
+    assert 'Fix or delete these records, and resume.' in logged
+    # a pixel is no instance: ValidateAnnotations would not drop it
+    assert 'ValidateAnnotations' not in logged
+    # nothing was dropped: the run stops
+    assert guard.outcome.verdicts == [] and wrapper.calls == 0
+
+
+def test_under_ddp_a_bad_box_is_named_with_the_filter(monkeypatch):
+    from mmdet.structures import DetDataSample
+    from mmengine.structures import InstanceData
+
+    monkeypatch.setattr(numerical_errors, 'get_world_size', lambda: 2)
+    sample = DetDataSample(metainfo=dict(img_path='P0007.png'))
+    sample.gt_instances = InstanceData(
+        bboxes=torch.tensor([[10.0, 10.0, 10.0, 30.0]]),  # width 0
+        labels=torch.tensor([0]),
+    )
+    batch = dict(inputs=[torch.zeros(3, 40, 40)], data_samples=[sample])
+    _, _, logged = _stopped(batch, 1)
+    assert 'P0007.png (batch sample 0, instance 0)' in logged
+    assert 'hbox_size' in logged
+    assert "dict(type='ValidateAnnotations', policy='filter')" in logged

@@ -256,6 +256,48 @@ def test_write_incident_file_failure_keeps_the_old_file(tmp_path):
     assert open(osp.join(folder, 'report.md')).read() == 'old'
 
 
+def test_fill_writes_in_the_temporary_folder_before_the_report(
+    tmp_path, incident_writes
+):
+    seen = {}
+
+    def fill(files_folder, folder):
+        seen.update(files_folder=files_folder, folder=folder)
+        assert sorted(os.listdir(files_folder)) == [BATCH_NAME]
+        assert not osp.exists(folder)
+        write_incident_file(files_folder, 'report.md', 'diagnosed')
+        return dict(report, cause='data')
+
+    report = dict(iteration=5, kind='nonfinite_loss')
+    recorder = IncidentRecorder(str(tmp_path), 10, rank=0, world_size=1)
+    folder = recorder.record(report, dict(data_batch={}), fill=fill)
+    root = osp.join(str(tmp_path), 'nanguard')
+    assert (
+        folder == seen['folder'] == osp.join(root, 'incident_000_iter000005')
+    )
+    assert osp.dirname(seen['files_folder']) == root
+    assert osp.basename(seen['files_folder']).startswith('.tmp_incident_')
+    assert _entries(tmp_path) == ['incident_000_iter000005']
+    assert incident_writes == [BATCH_NAME, 'report.md', REPORT_NAME]
+    written = load_report(folder)
+    assert written['cause'] == 'data'
+    assert written['report_path'] == report['report_path']
+    assert report['report_path'] == osp.join(folder, REPORT_NAME)
+
+
+def test_a_failing_fill_keeps_the_record(tmp_path, log_file):
+    def fill(files_folder, folder):
+        raise RuntimeError('the diagnosis broke')
+
+    _, report, folder = _record(tmp_path, fill=fill)
+    assert load_report(folder) == dict(report)
+    assert 'cause' not in report
+    assert (
+        f'completing the incident report of {folder} failed '
+        '(RuntimeError: the diagnosis broke)'
+    ) in log_file()
+
+
 def test_mark_discarded(tmp_path):
     root = str(tmp_path / 'nanguard')
     folders = {}
@@ -301,7 +343,10 @@ KILL_SCRIPT = textwrap.dedent(
 
     report = dict(iteration=7, kind='nonfinite_loss')
     batch = dict(data_batch=dict(x=torch.ones(3)), rng_state={}, iteration=7)
-    if point == 'torch.save':
+    fill = None
+    if point == 'fill':  # the diagnosis, between batch.pth and report.json
+        fill = lambda files_folder, folder: block()
+    elif point == 'torch.save':
         batch['data_batch']['slow'] = Slow()
     elif point == 'json':
         report['slow'] = Slow()
@@ -315,13 +360,14 @@ KILL_SCRIPT = textwrap.dedent(
             fsync(fd)
 
         os.fsync = slow_fsync
-    IncidentRecorder(work_dir, 5, 0, 1).record(report, batch)
+    IncidentRecorder(work_dir, 5, 0, 1).record(report, batch, fill=fill)
     """
 )
 
 
 @pytest.mark.parametrize(
-    'point', ['torch.save', 'json', 'fsync1', 'fsync2', 'fsync3', 'fsync4']
+    'point',
+    ['torch.save', 'fill', 'json', 'fsync1', 'fsync2', 'fsync3', 'fsync4'],
 )
 def test_kill_inside_the_incident_write(tmp_path, point):
     """SIGKILL inside the write leaves no incident folder or a complete
