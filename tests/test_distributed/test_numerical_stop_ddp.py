@@ -17,7 +17,7 @@ import pytest
 from integration_utils import NANGUARD_DOTA, TRAIN, run_script
 
 from mmnanguard.datagen import generate_dota
-from mmnanguard.testing.distributed import free_port
+from mmnanguard.testing.distributed import free_port, torchrun_args
 
 PREPROCESSOR = '''
 import torch
@@ -55,13 +55,8 @@ def test_the_rank_that_raised_names_the_record_and_the_run_stops(tmp_path):
     )
     started = time.monotonic()
     out = run_script(
-        [
-            '-m',
-            'torch.distributed.run',
-            '--nproc_per_node',
-            '2',
-            '--master_port',
-            str(free_port()),
+        torchrun_args(2, free_port())
+        + [
             TRAIN,
             str(config),
             '--launcher',

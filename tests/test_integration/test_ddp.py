@@ -11,7 +11,7 @@ import re
 import pytest
 from integration_utils import DEMO_CONFIG, TRAIN, run_script
 
-from mmnanguard.testing.distributed import free_port
+from mmnanguard.testing.distributed import free_port, torchrun_args
 
 
 @pytest.mark.slow
@@ -24,13 +24,8 @@ def test_fault_on_one_rank_same_action_on_both(tiny_dota_root, tmp_path):
     )
     work_dir = tmp_path / 'work'
     out = run_script(
-        [
-            '-m',
-            'torch.distributed.run',
-            '--nproc_per_node',
-            '2',
-            '--master_port',
-            str(free_port()),  # never a fixed port: runs may overlap
+        torchrun_args(2, free_port())
+        + [
             TRAIN,
             str(config),
             '--launcher',

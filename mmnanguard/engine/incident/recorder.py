@@ -45,6 +45,10 @@ from .safe_write import (
     write_at,
 )
 
+#: ``fill(files_folder, folder) -> report``: see
+#: :meth:`IncidentRecorder.record`.
+Fill = Callable[[str, str], Dict[str, Any]]
+
 
 class IncidentRecorder:
     """Writes one folder per incident: ``report.json`` and ``batch.pth``.
@@ -124,7 +128,7 @@ class IncidentRecorder:
         batch: Optional[Dict[str, Any]] = None,
         *,
         force: bool = False,
-        fill: Optional['Fill'] = None,
+        fill: Optional[Fill] = None,
     ) -> Optional[str]:
         """Write the incident; return its folder, or None.
 
@@ -187,7 +191,7 @@ class IncidentRecorder:
         report: Dict[str, Any],
         batch: Optional[Dict[str, Any]],
         target: List[str],
-        fill: Optional['Fill'] = None,
+        fill: Optional[Fill] = None,
     ) -> str:
         """Build the folder under a temporary name, rename it into place.
 
@@ -215,7 +219,7 @@ class IncidentRecorder:
         tmp: str,
         report: Dict[str, Any],
         batch: Optional[Dict[str, Any]],
-        fill: Optional['Fill'] = None,
+        fill: Optional[Fill] = None,
     ) -> str:
         iteration = report['iteration']
         dir_fd = os.open(tmp, DIR_FLAGS, dir_fd=root_fd)
@@ -247,11 +251,6 @@ class IncidentRecorder:
             'no free incident folder name after 1000 tries',
             self.root,
         )
-
-
-#: ``fill(files_folder, folder) -> report``: see
-#: :meth:`IncidentRecorder.record`.
-Fill = Callable[[str, str], Dict[str, Any]]
 
 
 def _filled(
